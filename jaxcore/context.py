@@ -1,0 +1,44 @@
+"""The trace context: what the engine tells a model while it traces a step.
+
+A model must not know the mesh or the run config, yet its activations need sharding
+constraints and its blocks need the remat policy. The engine sets this context while it
+traces a step; ``jaxcore.sharding.constrain`` and ``jaxcore.remat.checkpoint_block`` read
+it, and do nothing when no engine is tracing (a model called on its own just runs).
+This is the role Flax Linen's logical-axis-rules context plays in MaxText.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import dataclasses
+from collections.abc import Iterator
+
+from jax.sharding import Mesh
+
+
+@dataclasses.dataclass(frozen=True)
+class TraceContext:
+    mesh: Mesh | None = None
+    rules: tuple = ()
+    remat: str = "none"
+
+
+_CURRENT: contextvars.ContextVar[TraceContext] = contextvars.ContextVar(
+    "jaxcore_trace_context", default=TraceContext()
+)
+
+
+def current() -> TraceContext:
+    """The context of the step being traced (an empty one outside the engine)."""
+    return _CURRENT.get()
+
+
+@contextlib.contextmanager
+def tracing(ctx: TraceContext) -> Iterator[TraceContext]:
+    """Set ``ctx`` for the duration of a trace."""
+    token = _CURRENT.set(ctx)
+    try:
+        yield ctx
+    finally:
+        _CURRENT.reset(token)

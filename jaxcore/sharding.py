@@ -1,0 +1,254 @@
+"""Logical-axis rules: from the names on each array dimension to a `PartitionSpec`.
+
+A rules table is an ordered sequence of ``(logical_name, mesh_axes)`` pairs. For each
+dimension of an array, the first rule whose name matches and whose mesh axes are still
+unused in that array and divide the dimension wins (MaxText's ``logical_axis_rules``).
+A dimension no rule can shard is replicated; if a rule matched but the size did not
+divide, a warning says so once.
+
+The ZeRO stage decides where ``fsdp`` may appear (ZeRO paper, Rajbhandari et al. 2020):
+
+=====  ==========  =========  ================
+stage  parameters  gradients  optimizer state
+=====  ==========  =========  ================
+0      replicated  replicated replicated
+1      replicated  replicated sharded
+2      replicated  sharded    sharded
+3      sharded     sharded    sharded
+=====  ==========  =========  ================
+
+Parameters that carry no names (PyTorch models, say) can be named by regex rules on
+their path; failing that, the automatic rule shards their largest dimension that divides
+over ``fsdp``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from jaxcore import axes, context
+from jaxcore.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+MeshAxes = str | tuple[str, ...] | None
+Rules = tuple[tuple[str, MeshAxes], ...]
+LogicalAxes = tuple[str | None, ...]
+
+DEFAULT_RULES: Rules = (
+    (axes.BATCH, ("data", "fsdp")),
+    (axes.LAYERS, "pipeline"),
+    (axes.VOCAB, "tensor"),
+    (axes.HEADS, "tensor"),
+    (axes.KV_HEADS, "tensor"),
+    (axes.MLP, "tensor"),
+    (axes.EMBED, "fsdp"),
+    (axes.LENGTH, None),
+    (axes.HEAD_DIM, None),
+    (axes.NORM, None),
+)
+
+ZERO_STAGES = (0, 1, 2, 3)
+_warned: set[tuple[str, int, str]] = set()
+
+
+def validate_rules(rules: Sequence[tuple[str, MeshAxes]], mesh_axes: Sequence[str]) -> Rules:
+    """Check a rules table's shape and mesh-axis names; return it as a tuple."""
+    out = []
+    for i, rule in enumerate(rules):
+        if not (isinstance(rule, tuple | list) and len(rule) == 2 and isinstance(rule[0], str)):
+            raise ConfigError(
+                f"rules[{i}]={rule!r}: each rule must be (logical_name, mesh_axis | "
+                "tuple of mesh axes | None)."
+            )
+        name, target = rule
+        targets = () if target is None else (target,) if isinstance(target, str) else target
+        unknown = [t for t in targets if t not in mesh_axes]
+        if unknown:
+            raise ConfigError(
+                f"rules[{i}] maps {name!r} to unknown mesh axes {unknown}; "
+                f"the mesh axes are {tuple(mesh_axes)}."
+            )
+        out.append((name, target if target is None or isinstance(target, str) else tuple(target)))
+    return tuple(out)
+
+
+def _as_tuple(target: MeshAxes) -> tuple[str, ...]:
+    return () if target is None else (target,) if isinstance(target, str) else tuple(target)
+
+
+def logical_to_spec(
+    logical: LogicalAxes,
+    shape: Sequence[int],
+    mesh: Mesh,
+    rules: Rules,
+    *,
+    exclude: Sequence[str] = (),
+    where: str = "",
+) -> PartitionSpec:
+    """The `PartitionSpec` for an array of ``shape`` whose dimensions are named ``logical``.
+
+    ``exclude`` lists mesh axes this array may not use (``fsdp`` for parameters below
+    ZeRO 3). Mesh axes of size 1 are left out of the spec.
+    """
+    if len(logical) != len(shape):
+        raise ConfigError(
+            f"{where or 'array'}: {len(logical)} logical axis names {logical} for a "
+            f"{len(shape)}-d array of shape {tuple(shape)}; give one name (or None) per dimension."
+        )
+    used: set[str] = set()
+    spec: list[MeshAxes] = []
+    for dim, name in enumerate(logical):
+        chosen: tuple[str, ...] = ()
+        for rule_name, target in rules:
+            if name is None or rule_name != name:
+                continue
+            wanted = tuple(
+                a for a in _as_tuple(target) if a not in exclude and mesh.shape.get(a, 1) > 1
+            )
+            if not wanted or used.intersection(wanted):
+                continue
+            ways = 1
+            for a in wanted:
+                ways *= mesh.shape[a]
+            if shape[dim] % ways:
+                key = (where, dim, str(wanted))
+                if key not in _warned:
+                    _warned.add(key)
+                    log.warning(
+                        "%s: dimension %d (%s, size %d) does not divide over mesh axes %s "
+                        "(%d ways); replicating it instead.",
+                        where or "array", dim, name, shape[dim], wanted, ways,
+                    )
+                continue
+            chosen = wanted
+            break
+        used.update(chosen)
+        spec.append(None if not chosen else chosen[0] if len(chosen) == 1 else chosen)
+    return PartitionSpec(*spec)
+
+
+def auto_spec(shape: Sequence[int], mesh: Mesh, *, exclude: Sequence[str] = ()) -> PartitionSpec:
+    """The automatic rule for unnamed arrays: largest dimension divisible by ``fsdp``."""
+    ways = mesh.shape.get("fsdp", 1)
+    spec: list[str | None] = [None] * len(shape)
+    if ways > 1 and "fsdp" not in exclude:
+        candidates = [d for d in range(len(shape)) if shape[d] % ways == 0]
+        if candidates:
+            spec[max(candidates, key=lambda d: (shape[d], -d))] = "fsdp"
+    return PartitionSpec(*spec)
+
+
+def path_str(path: tuple) -> str:
+    """``a/b/0/c`` for a pytree key path (the form regex parameter rules match)."""
+    parts = []
+    for k in path:
+        for attr in ("key", "name", "idx"):
+            if hasattr(k, attr):
+                parts.append(str(getattr(k, attr)))
+                break
+        else:
+            parts.append(str(k))
+    return "/".join(parts)
+
+
+def name_params(
+    abstract_params: Any,
+    model_axes: Any | None,
+    param_rules: Sequence[tuple[str, LogicalAxes]] = (),
+) -> Any:
+    """Logical axes per parameter: regex rules on the path first, then the model's names.
+
+    Returns a tree with the structure of ``abstract_params`` whose leaves are tuples of
+    logical names, or ``None`` for parameters that have none (the automatic rule applies).
+    """
+    compiled = []
+    for i, (pattern, names) in enumerate(param_rules):
+        try:
+            compiled.append((re.compile(pattern), tuple(names)))
+        except re.error as e:
+            raise ConfigError(f"param_rules[{i}]: {pattern!r} is not a valid regex: {e}") from e
+    model_leaves = (
+        None
+        if model_axes is None
+        else jax.tree.leaves(model_axes, is_leaf=lambda x: x is None or isinstance(x, tuple))
+    )
+    flat, treedef = jax.tree_util.tree_flatten_with_path(abstract_params)
+    out = []
+    for i, (path, _) in enumerate(flat):
+        p = path_str(path)
+        names = next((n for rx, n in compiled if rx.fullmatch(p)), None)
+        if names is None and model_leaves is not None:
+            names = model_leaves[i]
+        out.append(names)
+    return jax.tree.unflatten(treedef, out)
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardingPlan:
+    """Shardings for parameters, gradients and optimizer-state slots (parameter-shaped)."""
+
+    params: Any
+    grads: Any
+    opt: Any
+
+
+def plan(
+    abstract_params: Any, logical: Any, mesh: Mesh, rules: Rules, zero: int
+) -> ShardingPlan:
+    """Shardings of parameters, gradients and optimizer state for ZeRO stage ``zero``."""
+    if zero not in ZERO_STAGES:
+        raise ConfigError(f"zero={zero!r}: the ZeRO stage must be one of {ZERO_STAGES}.")
+
+    def shardings(exclude: tuple[str, ...]) -> Any:
+        def one(path, leaf, names):
+            where = path_str(path)
+            if names is None:
+                spec = auto_spec(leaf.shape, mesh, exclude=exclude)
+            else:
+                spec = logical_to_spec(names, leaf.shape, mesh, rules, exclude=exclude, where=where)
+            return NamedSharding(mesh, spec)
+
+        return _map_with_names(one, abstract_params, logical)
+
+    no_fsdp = ("fsdp",)
+    return ShardingPlan(
+        params=shardings(() if zero >= 3 else no_fsdp),
+        grads=shardings(() if zero >= 2 else no_fsdp),
+        opt=shardings(() if zero >= 1 else no_fsdp),
+    )
+
+
+def _map_with_names(fn, tree: Any, names: Any) -> Any:
+    flat, treedef = jax.tree_util.tree_flatten_with_path(tree)
+    name_leaves = jax.tree.leaves(names, is_leaf=lambda x: x is None or isinstance(x, tuple))
+    return jax.tree.unflatten(
+        treedef, [fn(p, leaf, n) for (p, leaf), n in zip(flat, name_leaves, strict=True)]
+    )
+
+
+def constrain(x: jax.Array, logical: LogicalAxes) -> jax.Array:
+    """Constrain an activation's sharding by logical names (no-op outside an engine trace)."""
+    ctx = context.current()
+    if ctx.mesh is None:
+        return x
+    spec = logical_to_spec(logical, x.shape, ctx.mesh, ctx.rules, where="activation")
+    return jax.lax.with_sharding_constraint(x, NamedSharding(ctx.mesh, spec))
+
+
+def per_device_bytes(tree: Any) -> dict[jax.Device, int]:
+    """Bytes each device holds for the arrays in ``tree``, from their shardings."""
+    totals: dict[jax.Device, int] = {}
+    for leaf in jax.tree.leaves(tree):
+        if not isinstance(leaf, jax.Array):
+            continue
+        for shard in leaf.addressable_shards:
+            totals[shard.device] = totals.get(shard.device, 0) + shard.data.nbytes
+    return totals

@@ -74,9 +74,7 @@ def _nnx_adapter(graphdef, abs_params, abs_rest, init, initial=None) -> ModelAda
             lambda v: jax.ShapeDtypeStruct(v.shape, v.dtype), nnx.to_pure_dict(state)
         )
 
-    names = jax.tree.map(
-        _axes_of, abs_params, is_leaf=lambda x: isinstance(x, nnx.Variable)
-    )
+    names = jax.tree.map(_axes_of, abs_params, is_leaf=lambda x: isinstance(x, nnx.Variable))
     return ModelAdapter(
         init=init,
         bind=bind,

@@ -24,14 +24,15 @@ class TraceContext:
     remat: str = "none"
 
 
-_CURRENT: contextvars.ContextVar[TraceContext] = contextvars.ContextVar(
-    "jaxcore_trace_context", default=TraceContext()
+_EMPTY = TraceContext()
+_CURRENT: contextvars.ContextVar[TraceContext | None] = contextvars.ContextVar(
+    "jaxcore_trace_context", default=None
 )
 
 
 def current() -> TraceContext:
     """The context of the step being traced (an empty one outside the engine)."""
-    return _CURRENT.get()
+    return _CURRENT.get() or _EMPTY
 
 
 @contextlib.contextmanager

@@ -132,8 +132,11 @@ class Engine:
         self.model, self.optimizer = adapter, optimizer
         abs_params, abs_model_state = adapter.abstract
         abs_params = jax.tree.map(
-            lambda x: jax.ShapeDtypeStruct(x.shape, self.policy.param_dtype)
-            if jnp.issubdtype(x.dtype, jnp.floating) else x,
+            lambda x: (
+                jax.ShapeDtypeStruct(x.shape, self.policy.param_dtype)
+                if jnp.issubdtype(x.dtype, jnp.floating)
+                else x
+            ),
             abs_params,
         )
         names = shd.name_params(abs_params, adapter.logical_axes, self.config.param_rules)
@@ -154,7 +157,8 @@ class Engine:
             model_state=jax.tree.map(lambda _: rep, abs_model_state),
             loss_scale=(
                 jax.tree.map(lambda _: rep, LossScaleState.create(self.config.loss_scale))
-                if self.policy.loss_scaling else None
+                if self.policy.loss_scaling
+                else None
             ),
             rng=rep,
         )
@@ -162,8 +166,11 @@ class Engine:
 
         def build(key, params, model_state):
             params = jax.tree.map(
-                lambda x: x.astype(self.policy.param_dtype)
-                if jnp.issubdtype(x.dtype, jnp.floating) else x,
+                lambda x: (
+                    x.astype(self.policy.param_dtype)
+                    if jnp.issubdtype(x.dtype, jnp.floating)
+                    else x
+                ),
                 params,
             )
             return TrainState(
@@ -173,7 +180,8 @@ class Engine:
                 model_state=model_state,
                 loss_scale=(
                     LossScaleState.create(self.config.loss_scale)
-                    if self.policy.loss_scaling else None
+                    if self.policy.loss_scaling
+                    else None
                 ),
                 rng=key,
             )
@@ -274,7 +282,7 @@ class Engine:
 
         def accumulate(params, model_state, batch, key, scale):
             def split(x):
-                x = x.reshape((x.shape[0] // accum, accum) + x.shape[1:]).swapaxes(0, 1)
+                x = x.reshape((x.shape[0] // accum, accum, *x.shape[1:])).swapaxes(0, 1)
                 return jax.lax.with_sharding_constraint(x, micro_sharding)
 
             micro = jax.tree.map(split, batch)
@@ -294,8 +302,9 @@ class Engine:
             zeros = jax.tree.map(jnp.zeros_like, params)
             # One traced microbatch tells us which metrics the loss function reports.
             aux_keys = jax.eval_shape(
-                lambda: grad_fn(params, model_state, jax.tree.map(lambda x: x[0], micro),
-                                key, scale)[0][1][1]
+                lambda: grad_fn(
+                    params, model_state, jax.tree.map(lambda x: x[0], micro), key, scale
+                )[0][1][1]
             ).keys()
             sums0 = {k: jnp.zeros((), jnp.float32) for k in ("loss", *aux_keys, "weight")}
             (grads, sums, model_state), _ = jax.lax.scan(
@@ -326,7 +335,7 @@ class Engine:
                 loss_scale = state.loss_scale
                 if loss_scale is not None:
                     finite = all_finite(grads)
-                    keep = lambda new, old: jax.tree.map(  # noqa: E731
+                    keep = lambda new, old: jax.tree.map(
                         lambda a, b: jnp.where(finite, a, b), new, old
                     )
                     params = keep(params, state.params)
@@ -336,8 +345,12 @@ class Engine:
                     metrics["loss_scale"] = loss_scale.scale
                     metrics["skipped"] = loss_scale.skipped_steps
                 new_state = TrainState(
-                    step=state.step + 1, params=params, opt_state=opt_state,
-                    model_state=model_state, loss_scale=loss_scale, rng=rng,
+                    step=state.step + 1,
+                    params=params,
+                    opt_state=opt_state,
+                    model_state=model_state,
+                    loss_scale=loss_scale,
+                    rng=rng,
                 )
                 return new_state, metrics
 

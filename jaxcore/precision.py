@@ -41,9 +41,7 @@ class PrecisionPolicy:
         if self.compute_dtype == self.param_dtype:
             return tree
         return jax.tree.map(
-            lambda x: x.astype(self.compute_dtype)
-            if jnp.issubdtype(x.dtype, jnp.floating)
-            else x,
+            lambda x: x.astype(self.compute_dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x,
             tree,
         )
 

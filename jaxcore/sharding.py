@@ -125,7 +125,12 @@ def logical_to_spec(
                     log.warning(
                         "%s: dimension %d (%s, size %d) does not divide over mesh axes %s "
                         "(%d ways); replicating it instead.",
-                        where or "array", dim, name, shape[dim], wanted, ways,
+                        where or "array",
+                        dim,
+                        name,
+                        shape[dim],
+                        wanted,
+                        ways,
                     )
                 continue
             chosen = wanted
@@ -200,9 +205,7 @@ class ShardingPlan:
     opt: Any
 
 
-def plan(
-    abstract_params: Any, logical: Any, mesh: Mesh, rules: Rules, zero: int
-) -> ShardingPlan:
+def plan(abstract_params: Any, logical: Any, mesh: Mesh, rules: Rules, zero: int) -> ShardingPlan:
     """Shardings of parameters, gradients and optimizer state for ZeRO stage ``zero``."""
     if zero not in ZERO_STAGES:
         raise ConfigError(f"zero={zero!r}: the ZeRO stage must be one of {ZERO_STAGES}.")

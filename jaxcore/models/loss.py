@@ -32,9 +32,7 @@ def lm_loss(
     tokens = batch["tokens"]
     inputs, targets = tokens[:, :-1], tokens[:, 1:]
     mask = batch.get("mask")
-    mask = jnp.ones(targets.shape, jnp.float32) if mask is None else mask[:, 1:].astype(
-        jnp.float32
-    )
+    mask = jnp.ones(targets.shape, jnp.float32) if mask is None else mask[:, 1:].astype(jnp.float32)
     logits = model(inputs).astype(jnp.float32)
     losses = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
     weight = jnp.sum(mask)

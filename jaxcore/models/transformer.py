@@ -60,8 +60,15 @@ class TransformerConfig:
     init_std: float = 0.02
 
     def __post_init__(self) -> None:
-        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff",
-                     "max_seq_len"):
+        for name in (
+            "vocab_size",
+            "d_model",
+            "n_layers",
+            "n_heads",
+            "n_kv_heads",
+            "d_ff",
+            "max_seq_len",
+        ):
             if getattr(self, name) < 1:
                 raise ConfigError(f"TransformerConfig.{name}={getattr(self, name)} must be >= 1.")
         if self.n_heads % self.n_kv_heads:
@@ -84,25 +91,46 @@ class TransformerConfig:
     @classmethod
     def tiny(cls, **overrides) -> TransformerConfig:
         """~0.1M parameters: for tests (compiles in seconds)."""
-        return cls(**{**dict(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128,
-                             max_seq_len=256), **overrides})
+        return cls(
+            **{
+                **dict(d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128, max_seq_len=256),
+                **overrides,
+            }
+        )
 
     @classmethod
     def small(cls, **overrides) -> TransformerConfig:
         """~25M parameters (d=512, 8 layers, seq 512): CPU benchmarks and demos."""
-        return cls(**{**dict(d_model=512, n_layers=8, n_heads=8, n_kv_heads=8, d_ff=1408,
-                             max_seq_len=512), **overrides})
+        return cls(
+            **{
+                **dict(
+                    d_model=512, n_layers=8, n_heads=8, n_kv_heads=8, d_ff=1408, max_seq_len=512
+                ),
+                **overrides,
+            }
+        )
 
     @classmethod
     def base(cls, **overrides) -> TransformerConfig:
         """~1.3B parameters (d=2048, 24 layers, seq 2048, 32k vocab): accelerators."""
-        return cls(**{**dict(vocab_size=32_000, d_model=2048, n_layers=24, n_heads=16,
-                             n_kv_heads=8, d_ff=5632, max_seq_len=2048), **overrides})
+        return cls(
+            **{
+                **dict(
+                    vocab_size=32_000,
+                    d_model=2048,
+                    n_layers=24,
+                    n_heads=16,
+                    n_kv_heads=8,
+                    d_ff=5632,
+                    max_seq_len=2048,
+                ),
+                **overrides,
+            }
+        )
 
 
 def _param(rngs: nnx.Rngs, shape: tuple[int, ...], names: tuple, std: float) -> nnx.Param:
-    return nnx.Param(std * jax.random.normal(rngs.params(), shape, jnp.float32),
-                     logical_axes=names)
+    return nnx.Param(std * jax.random.normal(rngs.params(), shape, jnp.float32), logical_axes=names)
 
 
 def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
@@ -148,20 +176,31 @@ class Transformer(nnx.Module):
 
     def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
-        L, D, H, K, Dh, F, V = (cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.n_kv_heads,
-                                cfg.head_size, cfg.d_ff, cfg.vocab_size)
+        L, D, H, K, Dh, F, V = (
+            cfg.n_layers,
+            cfg.d_model,
+            cfg.n_heads,
+            cfg.n_kv_heads,
+            cfg.head_size,
+            cfg.d_ff,
+            cfg.vocab_size,
+        )
         std = cfg.init_std
         out_std = std / math.sqrt(2 * L)  # GPT-2's scaled init of residual projections
         self.embed = _param(rngs, (V, D), (axes.VOCAB, axes.EMBED), std)
         self.attn_norm = nnx.Param(jnp.ones((L, D)), logical_axes=(axes.LAYERS, axes.EMBED))
-        self.wq = _param(rngs, (L, D, H, Dh), (axes.LAYERS, axes.EMBED, axes.HEADS,
-                                               axes.HEAD_DIM), std)
-        self.wk = _param(rngs, (L, D, K, Dh), (axes.LAYERS, axes.EMBED, axes.KV_HEADS,
-                                               axes.HEAD_DIM), std)
-        self.wv = _param(rngs, (L, D, K, Dh), (axes.LAYERS, axes.EMBED, axes.KV_HEADS,
-                                               axes.HEAD_DIM), std)
-        self.wo = _param(rngs, (L, H, Dh, D), (axes.LAYERS, axes.HEADS, axes.HEAD_DIM,
-                                               axes.EMBED), out_std)
+        self.wq = _param(
+            rngs, (L, D, H, Dh), (axes.LAYERS, axes.EMBED, axes.HEADS, axes.HEAD_DIM), std
+        )
+        self.wk = _param(
+            rngs, (L, D, K, Dh), (axes.LAYERS, axes.EMBED, axes.KV_HEADS, axes.HEAD_DIM), std
+        )
+        self.wv = _param(
+            rngs, (L, D, K, Dh), (axes.LAYERS, axes.EMBED, axes.KV_HEADS, axes.HEAD_DIM), std
+        )
+        self.wo = _param(
+            rngs, (L, H, Dh, D), (axes.LAYERS, axes.HEADS, axes.HEAD_DIM, axes.EMBED), out_std
+        )
         self.mlp_norm = nnx.Param(jnp.ones((L, D)), logical_axes=(axes.LAYERS, axes.EMBED))
         self.w_gate = _param(rngs, (L, D, F), (axes.LAYERS, axes.EMBED, axes.MLP), std)
         self.w_up = _param(rngs, (L, D, F), (axes.LAYERS, axes.EMBED, axes.MLP), std)
@@ -175,8 +214,9 @@ class Transformer(nnx.Module):
         names = ("attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "w_gate", "w_up", "w_down")
         return {n: getattr(self, n)[...] for n in names}
 
-    def block(self, x: jax.Array, p: dict[str, jax.Array], cos: jax.Array,
-              sin: jax.Array) -> jax.Array:
+    def block(
+        self, x: jax.Array, p: dict[str, jax.Array], cos: jax.Array, sin: jax.Array
+    ) -> jax.Array:
         """One decoder block on ``x: (batch, length, d_model)`` with layer weights ``p``."""
         cfg = self.cfg
         x = constrain(x, ACT)
@@ -222,8 +262,15 @@ class Transformer(nnx.Module):
 
 def count_params(cfg: TransformerConfig) -> int:
     """Number of parameters of a `Transformer` with config ``cfg``."""
-    L, D, H, K, Dh, F, V = (cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.n_kv_heads,
-                            cfg.head_size, cfg.d_ff, cfg.vocab_size)
+    L, D, H, K, Dh, F, V = (
+        cfg.n_layers,
+        cfg.d_model,
+        cfg.n_heads,
+        cfg.n_kv_heads,
+        cfg.head_size,
+        cfg.d_ff,
+        cfg.vocab_size,
+    )
     per_layer = 2 * D + D * H * Dh + 2 * D * K * Dh + H * Dh * D + 3 * D * F
     return V * D + L * per_layer + D + (0 if cfg.tie_embeddings else D * V)
 
@@ -236,7 +283,14 @@ def training_flops_per_token(cfg: TransformerConfig, seq_len: int) -> float:
     ``12 * L * H * Dh * T`` (PaLM, Chowdhery et al. 2022, appendix B). Causal masking is
     not subtracted, as in PaLM's definition.
     """
-    L, D, H, K, Dh, F, V = (cfg.n_layers, cfg.d_model, cfg.n_heads, cfg.n_kv_heads,
-                            cfg.head_size, cfg.d_ff, cfg.vocab_size)
+    L, D, H, K, Dh, F, V = (
+        cfg.n_layers,
+        cfg.d_model,
+        cfg.n_heads,
+        cfg.n_kv_heads,
+        cfg.head_size,
+        cfg.d_ff,
+        cfg.vocab_size,
+    )
     matmul_weights = L * (D * H * Dh + 2 * D * K * Dh + H * Dh * D + 3 * D * F) + D * V
     return 6.0 * matmul_weights + 12.0 * L * H * Dh * seq_len

@@ -55,7 +55,7 @@ def test_layout_matches_single_device_reference(layout, reference):
         assert max_rel_diff(params, ref_params) < 1e-5
     else:
         assert max_rel_diff(params, ref_params) < 1e-3
-        flat = lambda t: np.concatenate([x.ravel() for x in jax.tree.leaves(t)])  # noqa: E731
+        flat = lambda t: np.concatenate([x.ravel() for x in jax.tree.leaves(t)])
         differing = np.mean(np.abs(flat(params) - flat(ref_params)) > 1e-6)
         assert differing < 1e-3, f"{differing:.2%} of weights differ by more than 1e-6"
 

@@ -281,6 +281,13 @@ class Engine:
         grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
 
         def accumulate(params, model_state, batch, key, scale):
+            """Gradients (still loss-scaled), weighted-mean metrics, total weight, state."""
+            if accum == 1:
+                (_, (loss, aux, weight, model_state)), grads = grad_fn(
+                    params, model_state, batch, jax.random.fold_in(key, 0), scale
+                )
+                return grads, {"loss": loss, **aux}, weight, model_state
+
             def split(x):
                 x = x.reshape((x.shape[0] // accum, accum, *x.shape[1:])).swapaxes(0, 1)
                 return jax.lax.with_sharding_constraint(x, micro_sharding)
@@ -310,20 +317,21 @@ class Engine:
             (grads, sums, model_state), _ = jax.lax.scan(
                 body, (zeros, sums0, model_state), (jnp.arange(accum), micro)
             )
-            return grads, sums, model_state
+            weight = jnp.maximum(sums.pop("weight"), 1e-12)
+            grads = jax.tree.map(lambda g: g / weight, grads)
+            return grads, {k: v / weight for k, v in sums.items()}, weight, model_state
 
         def step(state: TrainState, batch):
             with context.tracing(self._trace_context()):
                 rng, key = jax.random.split(state.rng)
                 scale = state.loss_scale.scale if state.loss_scale is not None else 1.0
-                grads, sums, model_state = accumulate(
+                grads, metrics, weight, model_state = accumulate(
                     state.params, state.model_state, batch, key, scale
                 )
-                weight = jnp.maximum(sums.pop("weight"), 1e-12)
-                grads = jax.tree.map(lambda g: g / (weight * scale), grads)
-                grads = jax.lax.with_sharding_constraint(grads, plan.grads)
-                metrics = {k: v / weight for k, v in sums.items()}
+                if state.loss_scale is not None:
+                    grads = jax.tree.map(lambda g: g / scale, grads)
                 metrics["weight"] = weight
+                grads = jax.lax.with_sharding_constraint(grads, plan.grads)
                 grad_norm = optax.tree.norm(grads)
                 metrics["grad_norm"] = grad_norm
                 if cfg.clip_grad_norm is not None:

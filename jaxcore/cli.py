@@ -1,0 +1,50 @@
+"""The ``jaxcore`` command line: one entry point that reaches every package.
+
+Each subcommand imports its package lazily, so ``jaxcore data ...`` never pays for JAX
+and a missing optional extra only affects the subcommand that needs it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# subcommand -> (module with main(argv) -> int, what it does)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "demo": ("jaxcore.demo", "train the reference model on the stdlib's source (make demo)"),
+    "data": ("data.cli", "build, diff and inspect curated code datasets"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: jaxcore COMMAND [ARGS...]", "", "commands:"]
+    lines += [f"  {name:<12}{help_}" for name, (_, help_) in SUBCOMMANDS.items()]
+    lines += ["", "Run 'jaxcore COMMAND --help' for a command's options."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Dispatch ``argv[0]`` to its subcommand's ``main``."""
+    argv = sys.argv[1:] if argv is None else argv
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        return 0 if argv else 2
+    name, rest = argv[0], argv[1:]
+    if name not in SUBCOMMANDS:
+        print(f"jaxcore: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module_name, _ = SUBCOMMANDS[name]
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        print(
+            f"jaxcore {name}: cannot import {module_name} ({e}). Install the extra it needs, "
+            "e.g. pip install 'jaxcore[data]'.",
+            file=sys.stderr,
+        )
+        return 2
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

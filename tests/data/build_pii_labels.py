@@ -67,7 +67,8 @@ def key() -> str:
     if kind == 1:
         return "AKIA" + rand(UP, 16)
     if kind == 2:
-        return f"xoxb-{R.randint(10**10, 10**11)}-{R.randint(10**10, 10**11)}-" + rand(AL, 24).lower()
+        n1, n2 = R.randint(10**10, 10**11), R.randint(10**10, 10**11)
+        return f"xoxb-{n1}-{n2}-" + rand(AL, 24).lower()
     if kind == 3:
         return "sk_live_" + rand(AL, 24)
     if kind == 4:
@@ -150,7 +151,8 @@ for i in range(26):
 KEY_T = ['GITHUB_TOKEN = "{k}"', 'const apiKey = "{k}";', 'api_key: "{k}"', '"secret_key": "{k}",',
          'export ACCESS_TOKEN="{k}"', 'client = Client(token="{k}")', 'STRIPE_SECRET = \'{k}\'',
          'headers = {{"Authorization": "Bearer {k}"}}', 'private String secretKey = "{k}";',
-         'auth_token = "{k}"  # TODO rotate', '  client_secret: "{k}"', 'app.config["SECRET_KEY"] = "{k}"']
+         'auth_token = "{k}"  # TODO rotate', '  client_secret: "{k}"',
+         'app.config["SECRET_KEY"] = "{k}"']
 for i in range(66):
     k = key()
     pos(KEY_T[i % len(KEY_T)].format(k=k), ("key", k))
@@ -172,7 +174,7 @@ for i, (prefix, length) in enumerate([("4", 16), ("51", 16), ("55", 16), ("37", 
         c = " ".join(c[j:j + 4] for j in range(0, 16, 4))
     pos(R.choice(['card_number = "{c}"', "test charge with {c}", "cc: {c}"]).format(c=c),
         ("credit_card", c))
-for i in range(16):
+for _ in range(16):
     p = phone()
     pos(R.choice(['PHONE = "{p}"', "Call us at {p}.", "tel: {p}", '"phone": "{p}"']).format(p=p),
         ("phone", p))
@@ -184,7 +186,8 @@ for _ in range(8):
 # ---- tricky negatives --------------------------------------------------------------------
 for _ in range(30):
     v = ".".join(str(R.randint(0, 30)) for _ in range(4))
-    neg(R.choice(['__version__ = "{v}"', "version: {v}", "pip install pkg=={v}", '"version": "{v}",',
+    neg(R.choice(['__version__ = "{v}"', "version: {v}", "pip install pkg=={v}",
+                  '"version": "{v}",',
                   "Release {v} (2024-05-01)", "requires: lib>={v}", "VERSION={v}",
                   "Chrome/{v} Safari/537.36", "    <version>{v}</version>", "tag v{v}",
                   "npm i left-pad@{v}", "uses: actions/checkout@v{v}"]).format(v=v), "version")
@@ -213,8 +216,9 @@ PRIVATE = ["10.0.0.1", "10.12.3.4", "172.16.0.5", "172.31.255.1", "192.168.1.1",
            "fd12:3456:789a:1::1", "2001:db8::ff00:42:8329", "2001:4860:4860::8888",
            "2606:4700:4700::1111", "ff02::1", "::ffff:10.0.0.1", "fc00::5"]
 for ip in PRIVATE:
-    neg(R.choice(['HOST = "{ip}"', "bind {ip}", "# resolver {ip}", "curl http://[{ip}]/" if ":" in ip
-                  else "curl http://{ip}/"]).format(ip=ip), "private/reserved/DNS address")
+    url = "curl http://[{ip}]/" if ":" in ip else "curl http://{ip}/"
+    neg(R.choice(['HOST = "{ip}"', "bind {ip}", "# resolver {ip}", url]).format(ip=ip),
+        "private/reserved/DNS address")
 for t in ["std::vector<int> v; std::map<a, b> m;", "auto x = ns::detail::impl::f();",
           "arr[1::2] + arr[::3]", "mac = '00:1a:2b:3c:4d:5e'", "at 12:30:45 UTC",
           "id = '550e8400-e29b-41d4-a716-446655440000'", "color: #ff00aa;", "dead::beef",

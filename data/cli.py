@@ -1,0 +1,83 @@
+"""Command line: ``python -m data build|diff|optout add|stats`` (also ``jaxcore data ...``)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+
+from data.errors import DataError
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="data", description="Code-dataset curation pipeline.")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("build", help="build (or resume) a snapshot from a YAML config")
+    b.add_argument("config")
+    b.add_argument("--workers", type=int, default=None, help="override config workers")
+    b.add_argument("--executor", choices=["local", "ray"], default=None)
+    b.add_argument("--no-progress", action="store_true")
+    d = sub.add_parser("diff", help="files added, removed and changed between two snapshots")
+    d.add_argument("v1")
+    d.add_argument("v2")
+    d.add_argument("--limit", type=int, default=20, help="paths to list per category")
+    o = sub.add_parser("optout", help="manage the opt-out registry")
+    osub = o.add_subparsers(dest="optcmd", required=True)
+    a = osub.add_parser("add", help="add an opt-out request")
+    a.add_argument("--registry", required=True)
+    a.add_argument("--repo", default="")
+    a.add_argument("--author", default="")
+    a.add_argument("--path", default="")
+    a.add_argument("--reason", required=True)
+    a.add_argument("--date", default="")
+    s = sub.add_parser("stats", help="summary of a finished snapshot")
+    s.add_argument("version_dir")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the process exit status."""
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        if args.cmd == "build":
+            import dataclasses
+
+            from data.config import load_config
+            from data.pipeline import build
+            from data.stats import print_stats
+
+            cfg = load_config(args.config)
+            changes = {}
+            if args.workers is not None:
+                changes["workers"] = args.workers
+            if args.executor:
+                changes["executor"] = args.executor
+            if args.no_progress:
+                changes["progress"] = False
+            cfg = dataclasses.replace(cfg, **changes)
+            build(cfg)
+            print_stats(cfg.version_dir)
+        elif args.cmd == "diff":
+            from data.snapshot import diff_versions
+
+            d = diff_versions(args.v1, args.v2)
+            for kind in ("added", "removed", "changed"):
+                print(f"{kind}: {len(d[kind])}")
+                for repo, path in d[kind][: args.limit]:
+                    print(f"  {repo}/{path}")
+        elif args.cmd == "optout":
+            from data.optout import add_request
+
+            reg = add_request(args.registry, repo=args.repo, author=args.author,
+                              file_path=args.path, reason=args.reason, date=args.date)
+            print(f"registry {args.registry} now at version {reg.version} "
+                  f"({len(reg.entries)} entries)")
+        elif args.cmd == "stats":
+            from data.stats import print_stats
+
+            print_stats(args.version_dir)
+    except DataError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0

@@ -1,0 +1,375 @@
+"""Ingest: directories, git repositories and (untrusted) archives into file records.
+
+Every entry seen (file, symlink, oversized or binary member, corrupt archive) becomes a
+record; the ones that cannot be used are dropped here with a reason, so the manifest can
+account for every input.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import posixpath
+import stat
+import subprocess
+import tarfile
+import zipfile
+import zlib
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import charset_normalizer
+
+from data.config import IngestConfig, SourceConfig
+from data.errors import BuildError
+from data.records import FileRecord, StepStats
+from data.step import Step, StepRun
+
+Entry = tuple[FileRecord, bytes | None]
+ARCHIVE_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".zip")
+WESTERN = ("cp1252", "latin_1", "iso8859_15", "utf_16", "shift_jis", "gb18030", "euc_kr")
+
+
+@dataclass(frozen=True, order=True)
+class RepoUnit:
+    """One repository to ingest: the unit of work assigned to a shard."""
+
+    name: str
+    kind: str
+    path: str
+    stars: int = 0
+    weight: int = 1
+
+
+def _dir_weight(path: Path) -> int:
+    total = 0
+    for root, dirs, files in os.walk(path):
+        dirs[:] = [d for d in dirs if d != ".git"]
+        for f in files:
+            with contextlib.suppress(OSError):
+                total += os.lstat(os.path.join(root, f)).st_size
+    return max(total, 1)
+
+
+def _is_archive(p: Path) -> bool:
+    return p.is_file() and p.name.lower().endswith(ARCHIVE_SUFFIXES)
+
+
+def plan_units(sources: Iterable[SourceConfig]) -> list[RepoUnit]:
+    """Expand sources into repository units, sorted by name (names must be unique)."""
+    units: list[RepoUnit] = []
+    for src in sources:
+        p = Path(src.path)
+        if not p.exists():
+            raise BuildError(f"source path {p} does not exist (sources[].path)")
+        if src.layout == "repos":
+            if not p.is_dir():
+                raise BuildError(f"layout 'repos' needs a directory, got {p}")
+            for child in sorted(p.iterdir()):
+                if child.is_symlink():
+                    continue
+                if src.type == "archive" and _is_archive(child):
+                    units.append(RepoUnit(_archive_name(child), "archive", str(child), src.stars,
+                                          child.stat().st_size))
+                elif src.type == "git" and child.is_dir():
+                    units.append(RepoUnit(child.name, "git", str(child), src.stars, 1))
+                elif src.type == "dir" and child.is_dir():
+                    units.append(RepoUnit(child.name, "dir", str(child), src.stars,
+                                          _dir_weight(child)))
+        else:
+            name = src.name or (_archive_name(p) if src.type == "archive" else p.name)
+            weight = p.stat().st_size if src.type == "archive" else (
+                _dir_weight(p) if src.type == "dir" else 1)
+            units.append(RepoUnit(name, src.type, str(p), src.stars, weight))
+    units.sort()
+    names = [u.name for u in units]
+    dups = sorted({n for n in names if names.count(n) > 1})
+    if dups:
+        raise BuildError(f"repository names must be unique; duplicated: {dups[:5]} "
+                         "(set sources[].name to tell them apart)")
+    return units
+
+
+def _archive_name(p: Path) -> str:
+    name = p.name
+    for suf in ARCHIVE_SUFFIXES:
+        if name.lower().endswith(suf):
+            return name[: -len(suf)]
+    return name
+
+
+def assign_shards(units: list[RepoUnit], num_shards: int) -> list[list[RepoUnit]]:
+    """Deterministic longest-processing-time assignment of units to shards."""
+    shards: list[list[RepoUnit]] = [[] for _ in range(num_shards)]
+    loads = [0] * num_shards
+    for u in sorted(units, key=lambda u: (-u.weight, u.name)):
+        i = min(range(num_shards), key=lambda k: (loads[k], k))
+        shards[i].append(u)
+        loads[i] += u.weight
+    return [sorted(s) for s in shards]
+
+
+def decode_bytes(raw: bytes) -> tuple[str, str] | None:
+    """Decode text: UTF-8 first, then charset detection; None when undecodable."""
+    if raw.startswith(b"\xef\xbb\xbf"):
+        try:
+            return raw[3:].decode("utf-8"), "utf-8-sig"
+        except UnicodeDecodeError:
+            pass
+    try:
+        return raw.decode("utf-8"), "utf-8"
+    except UnicodeDecodeError:
+        pass
+    matches = list(charset_normalizer.from_bytes(raw))
+    if not matches:
+        return None
+    # Single-byte code pages are hard to tell apart on short files; among near-equal
+    # candidates prefer the Western ones, by far the most common in source code.
+    floor = min(m.chaos for m in matches) + 0.05
+    close = [m for m in matches if m.chaos <= floor]
+    best = next((m for pref in WESTERN for m in close if m.encoding == pref), close[0])
+    return str(best), best.encoding
+
+
+def safe_member_path(name: str) -> str | None:
+    """Normalise an archive member name; None when it is absolute or escapes the root."""
+    name = name.replace("\\", "/")
+    if name.startswith("/") or (len(name) > 1 and name[1] == ":"):
+        return None
+    parts = [p for p in name.split("/") if p not in ("", ".")]
+    if not parts or any(p == ".." for p in parts):
+        return None
+    return posixpath.join(*parts)
+
+
+class IngestStep(Step):
+    """Read the repository units of a shard and yield one record per entry."""
+
+    name = "ingest"
+
+    def __init__(self, config: IngestConfig) -> None:
+        self.config = config
+
+    def run(self, records: Iterable[RepoUnit], rank: int = 0, world_size: int = 1) -> StepRun:
+        stats = StepStats(self.name)
+        index = 0
+        import time
+
+        t0 = time.perf_counter()
+        for unit in records:
+            reader = {"dir": self._read_dir, "git": self._read_git,
+                      "archive": self._read_archive}[unit.kind]
+            for rec, raw in reader(unit, stats):
+                rec.shard, rec.index, rec.stars = rank, index, unit.stars
+                index += 1
+                stats.files_in += 1
+                stats.bytes_in += rec.size
+                if not rec.drop_stage and raw is not None:
+                    self._decode(rec, raw)
+                if rec.drop_stage:
+                    stats.dropped[rec.drop_reason] = stats.dropped.get(rec.drop_reason, 0) + 1
+                else:
+                    stats.files_out += 1
+                    stats.bytes_out += rec.size
+                stats.seconds += time.perf_counter() - t0
+                yield rec
+                t0 = time.perf_counter()
+        stats.dropped = dict(sorted(stats.dropped.items()))
+        return stats
+
+    def _decode(self, rec: FileRecord, raw: bytes) -> None:
+        if b"\x00" in raw:
+            rec.drop(self.name, "binary")
+            return
+        decoded = decode_bytes(raw)
+        if decoded is None:
+            rec.drop(self.name, "undecodable")
+            return
+        rec.content, rec.encoding = decoded
+
+    # -- directories -------------------------------------------------------------------
+    def _read_dir(self, unit: RepoUnit, stats: StepStats) -> Iterator[Entry]:
+        root = Path(unit.path)
+        for dirpath, dirs, files in os.walk(root):
+            dirs[:] = sorted(d for d in dirs if d != ".git" and not os.path.islink(
+                os.path.join(dirpath, d)))
+            link_dirs = [d for d in os.listdir(dirpath) if d not in files and os.path.islink(
+                os.path.join(dirpath, d))]
+            for f in sorted(files + link_dirs):
+                full = os.path.join(dirpath, f)
+                rel = os.path.relpath(full, root).replace(os.sep, "/")
+                rec = FileRecord(repo=unit.name, path=rel)
+                try:
+                    st = os.lstat(full)
+                except OSError:
+                    rec.drop(self.name, "unreadable")
+                    yield rec, None
+                    continue
+                rec.size = st.st_size
+                if stat.S_ISLNK(st.st_mode):
+                    rec.drop(self.name, "symlink")
+                elif not stat.S_ISREG(st.st_mode):
+                    rec.drop(self.name, "special_file")
+                elif st.st_size > self.config.max_file_bytes:
+                    rec.drop(self.name, "too_large")
+                if rec.drop_stage:
+                    yield rec, None
+                    continue
+                try:
+                    with open(full, "rb") as fh:
+                        raw = fh.read(self.config.max_file_bytes + 1)
+                except OSError:
+                    rec.drop(self.name, "unreadable")
+                    yield rec, None
+                    continue
+                if len(raw) > self.config.max_file_bytes:
+                    rec.drop(self.name, "too_large")
+                    yield rec, None
+                    continue
+                rec.size = len(raw)
+                yield rec, raw
+
+    # -- git ---------------------------------------------------------------------------
+    def _read_git(self, unit: RepoUnit, stats: StepStats) -> Iterator[Entry]:
+        path = unit.path
+        commit, date = git_head(path)
+        listing = subprocess.run(["git", "-C", path, "ls-tree", "-r", "-z", "-l", "--full-tree",
+                                  commit], capture_output=True, check=True).stdout
+        entries = []
+        for item in listing.split(b"\0"):
+            if not item:
+                continue
+            meta, name = item.split(b"\t", 1)
+            mode, kind, sha, size = meta.split()
+            entries.append((name.decode("utf-8", "surrogateescape"), mode.decode(), kind.decode(),
+                            sha.decode(), size.decode()))
+        entries.sort()
+        proc = subprocess.Popen(["git", "-C", path, "cat-file", "--batch"], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE)
+        assert proc.stdin is not None and proc.stdout is not None
+        try:
+            for name, mode, kind, sha, size in entries:
+                rec = FileRecord(repo=unit.name, path=name, commit=commit, commit_date=date)
+                rec.size = int(size) if size.isdigit() else 0
+                if mode == "120000":
+                    rec.drop(self.name, "symlink")
+                elif kind != "blob":
+                    rec.drop(self.name, "submodule")
+                elif rec.size > self.config.max_file_bytes:
+                    rec.drop(self.name, "too_large")
+                if rec.drop_stage:
+                    yield rec, None
+                    continue
+                proc.stdin.write(sha.encode() + b"\n")
+                proc.stdin.flush()
+                header = proc.stdout.readline().split()
+                n = int(header[2])
+                raw = proc.stdout.read(n)
+                proc.stdout.read(1)
+                yield rec, raw
+        finally:
+            proc.stdin.close()
+            proc.wait()
+
+    # -- archives ----------------------------------------------------------------------
+    def _read_archive(self, unit: RepoUnit, stats: StepStats
+                      ) -> Iterator[Entry]:
+        reader = self._read_zip if unit.path.lower().endswith(".zip") else self._read_tar
+        budget = [self.config.max_archive_bytes, self.config.max_archive_members]
+        try:
+            yield from reader(unit, budget)
+        except (tarfile.TarError, zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError,
+                NotImplementedError, RuntimeError) as e:
+            rec = FileRecord(repo=unit.name, path="")
+            rec.drop(self.name, f"corrupt_archive:{type(e).__name__}")
+            stats.count("corrupt_archives")
+            yield rec, None
+
+    def _member(self, unit: RepoUnit, name: str, size: int, kind: str, budget: list[int],
+                read) -> tuple[FileRecord, bytes | None] | None:
+        rec = FileRecord(repo=unit.name, path=name, size=max(size, 0))
+        safe = safe_member_path(name)
+        if budget[1] <= 0 or budget[0] <= 0:
+            rec.drop(self.name, "archive_budget_exceeded")
+            return rec, None
+        budget[1] -= 1
+        if safe is None:
+            rec.drop(self.name, "unsafe_path")
+        elif kind == "link":
+            rec.drop(self.name, "symlink")
+        elif kind != "file":
+            rec.drop(self.name, "special_file")
+        elif size > self.config.max_file_bytes:
+            rec.drop(self.name, "too_large")
+        elif size > budget[0]:
+            rec.drop(self.name, "archive_budget_exceeded")
+            budget[0] = 0
+        if rec.drop_stage:
+            return rec, None
+        rec.path = safe
+        limit = min(self.config.max_file_bytes, budget[0])
+        raw = read(limit + 1)
+        budget[0] -= len(raw)
+        if len(raw) > limit:
+            # The declared size lied (a decompression bomb): stop at the bound.
+            rec.drop(self.name, "too_large" if limit == self.config.max_file_bytes
+                     else "archive_budget_exceeded")
+            return rec, None
+        rec.size = len(raw)
+        return rec, raw
+
+    def _read_tar(self, unit: RepoUnit, budget: list[int]) -> Iterator[Entry]:
+        with tarfile.open(unit.path, mode="r|*") as tf:
+            for m in tf:
+                kind = "link" if (m.issym() or m.islnk()) else ("file" if m.isfile() else (
+                    "dir" if m.isdir() else "special"))
+                if kind == "dir":
+                    continue
+                fh = tf.extractfile(m) if kind == "file" else None
+                out = self._member(unit, m.name, m.size, kind, budget,
+                                   fh.read if fh is not None else (lambda n: b""))
+                if out is not None:
+                    yield out
+                if out is not None and out[0].drop_reason == "archive_budget_exceeded":
+                    return
+
+    def _read_zip(self, unit: RepoUnit, budget: list[int]) -> Iterator[Entry]:
+        with zipfile.ZipFile(unit.path) as zf:
+            for info in zf.infolist():
+                if info.is_dir():
+                    continue
+                mode = (info.external_attr >> 16) & 0xFFFF
+                fmt = stat.S_IFMT(mode)  # 0 when the archiver stored no file type
+                kind = "link" if stat.S_ISLNK(mode) else ("file" if (
+                    fmt == 0 or stat.S_ISREG(mode)) else "special")
+                opened = []
+
+                def read(n: int, info=info, opened=opened) -> bytes:
+                    fh = zf.open(info)
+                    opened.append(fh)
+                    return fh.read(n)
+
+                try:
+                    out = self._member(unit, info.filename, info.file_size, kind, budget, read)
+                finally:
+                    for fh in opened:
+                        fh.close()
+                if out is not None:
+                    yield out
+                if out is not None and out[0].drop_reason == "archive_budget_exceeded":
+                    return
+
+
+def git_head(path: str) -> tuple[str, str]:
+    """The latest commit of the default branch of a local repository, and its ISO date."""
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", path, *args], capture_output=True, text=True,
+                              check=False).stdout.strip()
+
+    ref = git("symbolic-ref", "-q", "refs/remotes/origin/HEAD") or "HEAD"
+    commit = git("rev-parse", "--verify", "-q", ref + "^{commit}")
+    if not commit:
+        raise BuildError(f"{path} is not a git repository with a commit on its default branch")
+    return commit, git("show", "-s", "--format=%cI", commit)

@@ -1,0 +1,353 @@
+"""Language detection in the manner of GitHub linguist.
+
+Strategies run in linguist's order: modeline, exact filename, shebang, extension, then
+content heuristics for extensions that several languages claim (``.h``, ``.m``, ``.pl``,
+...). The filename and extension tables are Pygments' lexer filename patterns (600+
+lexers) with ``identify``'s extension and interpreter tables as a fallback, so coverage
+follows those maintained projects; names are spelled as linguist spells them where the
+two differ. Vendored and generated files are marked with linguist's rules
+(``vendor.yml``, ``generated.rb``), summarised below.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import functools
+import posixpath
+import re
+
+from identify import extensions as id_ext
+from identify import interpreters as id_interp
+from pygments.lexers._mapping import LEXERS
+
+from data.config import LanguageConfig
+from data.records import FileRecord, StepStats
+from data.step import Step
+
+# Pygments name -> linguist name, where they differ (linguist's languages.yml spelling).
+LINGUIST_NAMES = {
+    "Bash": "Shell", "Matlab": "MATLAB", "Docker": "Dockerfile", "Text only": "Text",
+    "EmacsLisp": "Emacs Lisp", "VimL": "Vim Script", "CUDA": "Cuda", "Base Makefile": "Makefile",
+    "Nginx configuration file": "Nginx", "GAS": "Unix Assembly", "NASM": "Assembly",
+    "TASM": "Assembly", "Django/Jinja": "Jinja", "HTML+Django/Jinja": "HTML+Django",
+    "Python 2.x": "Python", "JSONLD": "JSON-LD", "Groff": "Roff", "Properties": "Java Properties",
+    "Perl6": "Raku", "S": "R", "FortranFixed": "Fortran", "Delphi": "Pascal",
+    "VB.net": "Visual Basic .NET", "PostgreSQL SQL dialect": "PLpgSQL", "Terraform": "HCL",
+    "verilog": "Verilog", "systemverilog": "SystemVerilog", "vhdl": "VHDL",
+    "Rocq Prover": "Coq", "COBOLFree": "COBOL", "aspx-cs": "ASP.NET", "aspx-vb": "ASP.NET",
+    "Tcsh": "Tcsh", "Batchfile": "Batchfile", "MySQL": "SQL", "Transact-SQL": "TSQL",
+    "Gettext Catalog": "Gettext Catalog", "Protocol Buffer": "Protocol Buffer",
+    "Cython": "Cython", "Objective-J": "Objective-J", "reStructuredText": "reStructuredText",
+    "XML+Django/Jinja": "XML", "SQL+Jinja": "SQL", "JavaScript+Django/Jinja": "JavaScript",
+    "TOML": "TOML", "Jinja": "Jinja", "PowerShell": "PowerShell", "Fish": "fish",
+    "Python Traceback": "Python traceback", "Debian Control file": "Debian Package Control File",
+    "Kconfig": "Kconfig", "Meson": "Meson", "GraphQL": "GraphQL", "Nix": "Nix", "QML": "QML",
+    "Kotlin": "Kotlin", "Nushell": "Nushell", "Csound Document": "Csound Document",
+}
+
+# identify tags with no Pygments lexer: tag -> linguist name.
+IDENTIFY_NAMES = {
+    "svg": "SVG", "csv": "CSV", "tsv": "TSV", "jupyter": "Jupyter Notebook", "plist": "XML",
+    "pyi": "Python", "pyz": "Python", "jenkins": "Groovy", "gitignore": "Ignore List",
+    "dockerignore": "Ignore List", "editorconfig": "EditorConfig",
+    "gitattributes": "Git Attributes",
+    "pip-requirements": "Pip Requirements", "lektorproject": "INI", "pem": "Text",
+    "license": "Text", "markdown": "Markdown", "plain-text": "Text", "tex": "TeX",
+    "gitmodules": "INI", "bazel": "Starlark", "nimble": "Nim", "sh": "Shell", "shell": "Shell",
+}
+GENERIC_TAGS = frozenset({
+    "text", "binary", "executable", "non-executable", "file", "symlink", "directory", "header",
+    "image", "audio", "video", "archive", "font", "zip", "gzip", "c++", "c", "xml", "json",
+})
+
+# Default for extensions Pygments gives to several lexers and no heuristic decides.
+AMBIGUOUS_DEFAULT = {
+    "h": "C", "m": "Objective-C", "pl": "Perl", "pm": "Perl", "t": "Perl", "inc": "PHP",
+    "r": "R", "s": "Unix Assembly", "sql": "SQL", "fs": "F#", "v": "Verilog", "cl": "Common Lisp",
+    "pro": "Prolog", "asm": "Assembly", "bas": "Visual Basic .NET", "hh": "C++", "c": "C",
+    "cp": "C++", "mm": "Objective-C++", "xsl": "XSLT", "xslt": "XSLT", "toc": "TeX", "b": "Limbo",
+    "as": "ActionScript", "feature": "Gherkin", "ecl": "ECL", "j": "Objective-J", "lean": "Lean",
+    "n": "Nemerle", "p": "OpenEdge ABL", "prolog": "Prolog", "sc": "SuperCollider",
+    "scd": "SuperCollider", "ttl": "Turtle", "tst": "Scilab", "def": "Modula-2", "i": "SWIG",
+    "inf": "INI", "g": "ANTLR", "gd": "GDScript", "mac": "Maxima", "mi": "Mason", "u": "UrbiScript",
+    "bug": "BUGS", "rl": "Ragel", "ts": "TypeScript", "md": "Markdown", "rs": "Rust",
+    "cls": "TeX", "d": "D", "ml": "OCaml", "yy": "Yacc", "ino": "C++",
+}
+
+# Extensions linguist gives their own language where Pygments folds them into another.
+EXTENSION_OVERRIDES = {"svg": "SVG", "ipynb": "Jupyter Notebook", "csv": "CSV", "tsv": "TSV"}
+
+# linguist heuristics.yml, condensed: (extension, language, pattern) tried in order.
+_H = re.MULTILINE
+HEURISTICS: dict[str, list[tuple[str, re.Pattern[str]]]] = {
+    "h": [
+        ("Objective-C", re.compile(r"^\s*(@(interface|class|protocol|property|end|implementation)"
+                                   r"\b|#\s*import\s+[<\"])", _H)),
+        ("C++", re.compile(r"^\s*(template\s*<|namespace\s+\w*\s*\{|class\s+\w+(\s*final)?\s*"
+                           r"[:{]|using\s+namespace\b|(public|private|protected)\s*:|#\s*include"
+                           r"\s*<(algorithm|array|atomic|chrono|cstd\w+|functional|iostream|map|"
+                           r"memory|mutex|optional|set|sstream|string|thread|tuple|"
+                           r"type_traits|unordered_map|utility|vector)>)|\bstd::\w|"
+                           r"\b(constexpr|nullptr|noexcept|static_assert)\b", _H)),
+    ],
+    "m": [
+        ("Objective-C", re.compile(r"^\s*(@(interface|implementation|protocol|property|end)\b|"
+                                   r"#\s*import\s+[<\"]|#\s*include\s+[<\"])", _H)),
+        ("Mercury", re.compile(r"^:-\s*module\b", _H)),
+        ("MUF", re.compile(r"^: ", _H)),
+        ("Mathematica", re.compile(r"^\s*\(\*|\bBeginPackage\[|:=\s*Module\[", _H)),
+        ("MATLAB", re.compile(r"^\s*(%|function\b[^\n]*(=|\()|end\s*$|classdef\b|disp\()", _H)),
+        ("Limbo", re.compile(r"^\w+\s*:\s*module\s*\{", _H)),
+    ],
+    "pl": [
+        ("Prolog", re.compile(r"^[^#]*:-", _H)),
+        ("Perl", re.compile(r"\buse\s+(strict|warnings)\b|^\s*(my|our)\s+[$@%]|^\s*sub\s+\w+", _H)),
+        ("Raku", re.compile(r"^\s*(use\s+v6\b|unit\s+(module|class)\b)", _H)),
+    ],
+    "pm": [
+        ("Raku", re.compile(r"^\s*(use\s+v6\b|unit\s+(module|class)\b)", _H)),
+        ("X PixMap", re.compile(r"/\*\s*XPM\s*\*/")),
+        ("Perl", re.compile(r".")),
+    ],
+    "ts": [("XML", re.compile(r"^\s*(<\?xml|<TS\b)", _H))],
+    "inc": [
+        ("PHP", re.compile(r"<\?(php|=)?")),
+        ("POV-Ray SDL", re.compile(r"^\s*#(declare|local|macro|while)\s", _H)),
+        ("Pascal", re.compile(r"^\s*(unit|interface|procedure|function)\s+\w", _H | re.I)),
+        ("C", re.compile(r"^\s*#\s*(define|include|if)", _H)),
+    ],
+    "cls": [
+        ("TeX", re.compile(r"\\(ProvidesClass|NeedsTeXFormat|LoadClass)\b")),
+        ("Visual Basic 6.0", re.compile(r"^\s*(VERSION\s+1\.0\s+CLASS|Attribute VB_)", _H)),
+        ("Apex", re.compile(r"\b(public|private|global)\s+(with|without)?\s*(sharing\s+)?class\b",
+                            re.I)),
+    ],
+    "v": [("Coq", re.compile(r"^\s*(Require|Theorem|Lemma|Proof|Qed|Definition|Inductive)\b", _H))],
+    "md": [("GCC Machine Description", re.compile(r"^\s*\((define_|;;)", _H))],
+    "rs": [("RenderScript", re.compile(r"^\s*#pragma\s+(version|rs\s+java_package_name)", _H))],
+    "r": [("Rebol", re.compile(r"\bREBOL\s*\[", re.I))],
+    "s": [("Motorola 68K Assembly", re.compile(r"^\s*(move\.[bwl]|lea|jsr|rts)\b", _H | re.I))],
+    "sql": [
+        ("PLpgSQL", re.compile(r"\$\$\s*LANGUAGE\s+plpgsql|\bRETURNS\s+TRIGGER\b", re.I)),
+        ("TSQL", re.compile(r"^\s*GO\s*$|\bIF\s+OBJECT_ID\b|\bNVARCHAR\b", _H | re.I)),
+        ("PLSQL", re.compile(r"\bCREATE\s+OR\s+REPLACE\s+PACKAGE\b|\bBEGIN\b[\s\S]*\bEXCEPTION\b",
+                             re.I)),
+    ],
+    "fs": [("Forth", re.compile(r"^\s*: \S+|\bVARIABLE\b", _H))],
+    "t": [
+        ("Raku", re.compile(r"^\s*use\s+v6\b", _H)),
+        ("Perl", re.compile(r"\buse\s+(strict|warnings|Test::More)\b|\bmy\s+\$", _H)),
+        ("Turing", re.compile(r"^\s*%[ \t]+|^\s*var\s+\w+\s*:\s*\w+", _H)),
+    ],
+}
+
+_MODELINE_VIM = re.compile(
+    r"(?:vim?|ex)\s*:(?:\s*set?)?[^\n]*?\b(?:ft|filetype|syntax)=([\w+#.-]+)")
+_MODELINE_EMACS = re.compile(r"-\*-(?:[^\n]*?mode:\s*([\w+#.-]+)|\s*([\w+#.-]+)\s*)-\*-", re.I)
+_SHEBANG = re.compile(r"^#!\s*(\S+)(?:\s+(\S+))?")
+
+# linguist vendor.yml (condensed): paths of third-party code.
+VENDORED = re.compile(
+    r"(^|/)(node_modules|bower_components|vendor|vendors|third[-_]?party|3rd[-_]?party|extern|"
+    r"external|_vendor|Godeps|jspm_packages|Carthage|Pods|\.yarn|site-packages|dist-packages|"
+    r"deps|\.bundle|cache)/|(^|/)(jquery|bootstrap|d3|modernizr|prototype|mootools|angular|"
+    r"react|vue|underscore|lodash|backbone|ember|handlebars|moment)([^/]*)\.js$|"
+    r"\.min\.(js|css)$|(^|/)(gradlew|gradlew\.bat|mvnw|mvnw\.cmd)$|(^|/)\.gradle/|"
+    r"(^|/)(config\.guess|config\.sub|configure|install-sh|ltmain\.sh|depcomp|missing)$",
+    re.I)
+
+# linguist generated.rb (condensed): paths and header phrases of generated files.
+GENERATED_PATHS = re.compile(
+    r"(^|/)(package-lock\.json|yarn\.lock|pnpm-lock\.yaml|npm-shrinkwrap\.json|Cargo\.lock|"
+    r"poetry\.lock|Pipfile\.lock|composer\.lock|Gemfile\.lock|go\.sum|flake\.lock|uv\.lock|"
+    r"pdm\.lock|mix\.lock|Podfile\.lock|gradle\.lockfile)$|_pb2(_grpc)?\.pyi?$|\.pb\.(go|cc|h)$|"
+    r"\.pb\.swift$|\.(designer|g|generated|freezed)\.(cs|dart|vb)$|\.js\.map$|\.css\.map$|\.map$|"
+    r"(^|/)__generated__/|\.g4\.(java|py)$|(^|/)(gen|generated)/.*\.(java|go|py|ts|cs)$")
+GENERATED_HEADER = re.compile(
+    r"(?i)(code generated\b.*\bdo not edit|@generated\b|autogenerated|auto-generated|"
+    r"automatically generated|generated by (cython|swig|the protocol buffer compiler|protoc|"
+    r"thrift|bison|flex|javacc|antlr|jooq|mako|pyinstaller|pip-compile|sphinx|doxygen|"
+    r"gperf|flatc|cmake|django|xsd|wsdl|ragel)|this file (was|is) (automatically )?generated|"
+    r"do not edit (this file|manually|by hand))")
+
+
+def _linguist(name: str) -> str:
+    return LINGUIST_NAMES.get(name, name)
+
+
+@functools.cache
+def _tables() -> tuple[dict[str, list[str]], dict[str, list[str]], list[tuple[str, str]],
+                       dict[str, str]]:
+    """(ext -> languages, exact filename -> languages, wildcard patterns, alias -> language)."""
+    by_ext: dict[str, list[str]] = {}
+    by_name: dict[str, list[str]] = {}
+    patterns: list[tuple[str, str]] = []
+    aliases: dict[str, str] = {}
+    for _mod, name, alias_list, filenames, _mimes in LEXERS.values():
+        lang = _linguist(name)
+        if name.endswith((" session", "console", "Console")) or "session" in name:
+            continue
+        for a in alias_list:
+            aliases.setdefault(a.lower(), lang)
+        for pat in filenames:
+            if pat.startswith("*.") and not any(c in pat[2:] for c in "[]*?."):
+                lst = by_ext.setdefault(pat[2:], [])
+                if lang not in lst:
+                    lst.append(lang)
+            elif not any(c in pat for c in "[]*?"):
+                lst = by_name.setdefault(pat, [])
+                if lang not in lst:
+                    lst.append(lang)
+            else:
+                patterns.append((pat, lang))
+    aliases.setdefault("sh", "Shell")
+    aliases["python3"] = "Python"
+    # Longest literal first: '*.html.j2' before '*.j2'.
+    patterns.sort(key=lambda p: (-len(p[0].replace("*", "")), p[0]))
+    return by_ext, by_name, patterns, aliases
+
+
+def _from_identify_tags(tags: set[str] | frozenset[str]) -> str | None:
+    _, _, _, aliases = _tables()
+    specific = sorted(t for t in tags if t not in GENERIC_TAGS)
+    for t in specific:
+        if t in IDENTIFY_NAMES:
+            return IDENTIFY_NAMES[t]
+    for t in specific:
+        if t in aliases:
+            return aliases[t]
+    if "c++" in tags:
+        return "C++"
+    if "xml" in tags:
+        return "XML"
+    if "json" in tags:
+        return "JSON"
+    return specific[0].title() if specific else None
+
+
+def _interpreter_language(interp: str) -> str | None:
+    _, _, _, aliases = _tables()
+    base = posixpath.basename(interp)
+    candidates = [base, re.sub(r"[\d.]+$", "", base)]
+    for c in candidates:
+        if c in id_interp.INTERPRETERS:
+            lang = _from_identify_tags(id_interp.INTERPRETERS[c] - {"shell"} or
+                                       id_interp.INTERPRETERS[c])
+            if c in ("sh", "bash", "zsh", "ksh", "dash", "ash"):
+                return "Shell"
+            if lang:
+                return lang
+        if c in aliases:
+            return aliases[c]
+    return None
+
+
+def detect_language(path: str, content: str) -> tuple[str, str]:
+    """Return (language, strategy) for a file; ('', 'none') when nothing matches."""
+    by_ext, by_name, patterns, aliases = _tables()
+    head = content[:2048]
+    tail = content[-1024:] if len(content) > 3072 else ""
+    # 1. Modeline (vim / emacs) in the first or last lines.
+    for chunk in (head, tail):
+        m = _MODELINE_VIM.search(chunk) or None
+        mode = m.group(1) if m else None
+        if mode is None:
+            e = _MODELINE_EMACS.search(chunk[:300])
+            mode = (e.group(1) or e.group(2)) if e else None
+        if mode and mode.lower() in aliases and mode.lower() not in ("utf-8", "coding"):
+            return aliases[mode.lower()], "modeline"
+    base = posixpath.basename(path)
+    # 2. Exact filename.
+    if base in by_name:
+        return by_name[base][0], "filename"
+    if base in id_ext.NAMES:
+        lang = _from_identify_tags(id_ext.NAMES[base])
+        if lang:
+            return lang, "filename"
+    # 3. Shebang.
+    m = _SHEBANG.match(head)
+    if m:
+        interp = m.group(1)
+        if posixpath.basename(interp) == "env" and m.group(2):
+            interp = m.group(2)
+        lang = _interpreter_language(interp)
+        if lang:
+            return lang, "shebang"
+    # 4. Wildcard patterns with more than an extension (e.g. '*.html.j2', 'Makefile.*').
+    for pat, lang in patterns:
+        if fnmatch.fnmatchcase(base, pat):
+            return lang, "filename"
+    # 5. Extension, then heuristics for ambiguous ones.
+    if "." in base.lstrip("."):
+        ext = base.rsplit(".", 1)[1]
+        langs = by_ext.get(ext) or by_ext.get(ext.lower())
+        low = ext.lower()
+        if low in HEURISTICS and (langs is None or len(langs) > 1 or low in ("ts", "md", "rs")):
+            for lang, rx in HEURISTICS[low]:
+                if rx.search(content[:50_000]):
+                    return lang, "heuristic"
+        if low in EXTENSION_OVERRIDES:
+            return EXTENSION_OVERRIDES[low], "extension"
+        if langs and len(langs) == 1:
+            return langs[0], "extension"
+        if langs:
+            return AMBIGUOUS_DEFAULT.get(low, langs[0]), "extension"
+        tags = id_ext.EXTENSIONS.get(low) or id_ext.EXTENSIONS_NEED_BINARY_CHECK.get(low)
+        if tags:
+            lang = _from_identify_tags(tags)
+            if lang:
+                return lang, "extension"
+    return "", "none"
+
+
+def is_vendored(path: str) -> bool:
+    """linguist's vendored rule: third-party code paths."""
+    return VENDORED.search(path) is not None
+
+
+def is_generated(path: str, content: str) -> bool:
+    """linguist's generated rule: known generated paths, header phrases, minified code."""
+    if GENERATED_PATHS.search(path):
+        return True
+    if GENERATED_HEADER.search(content[:1500]):
+        return True
+    # Minified: long lines on average in a few lines (generated.rb's `minified_files?`).
+    if path.endswith((".js", ".css")) and content:
+        lines = content.count("\n") + 1
+        return len(content) / lines > 110
+    return False
+
+
+class LanguageStep(Step):
+    """Tag each file's language and mark vendored/generated files."""
+
+    name = "language"
+
+    def __init__(self, config: LanguageConfig) -> None:
+        self.config = config
+
+    def process(self, record: FileRecord, stats: StepStats) -> str | None:
+        record.language, strategy = detect_language(record.path, record.content)
+        stats.count(f"strategy:{strategy}")
+        record.vendored = is_vendored(record.path)
+        record.generated = is_generated(record.path, record.content)
+        if record.vendored:
+            stats.count("vendored")
+        if record.generated:
+            stats.count("generated")
+        if self.config.drop_vendored and record.vendored:
+            return "vendored"
+        if self.config.drop_unknown and not record.language:
+            return "unknown_language"
+        return None
+
+
+def supported_languages() -> list[str]:
+    """Every language name the detector can return (sorted)."""
+    by_ext, by_name, patterns, _aliases = _tables()
+    langs = {lang for v in by_ext.values() for lang in v}
+    langs |= {lang for v in by_name.values() for lang in v}
+    langs |= {lang for _, lang in patterns}
+    langs |= set(IDENTIFY_NAMES.values()) | set(AMBIGUOUS_DEFAULT.values())
+    langs |= {lang for v in HEURISTICS.values() for lang, _ in v}
+    return sorted(langs)

@@ -1,0 +1,340 @@
+"""License detection and classification.
+
+License files (LICENSE, COPYING, NOTICE, README's license section) are identified by
+text matching with askalono (``pyaskalono``; SPDX's license texts); ``SPDX-License-Identifier``
+lines are parsed with ``license-expression``. A license found in a directory covers every
+file under it (the nearest one wins); a file's own SPDX line overrides it. A license is
+permissive when its SPDX id is on Blue Oak Council's list (vendored, ``@blueoak/list``
+15.0.0, CC0) or in ScanCode's *Permissive* or *Public Domain* categories (the ScanCode
+LicenseDB index shipped with ``license-expression``).
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import posixpath
+import re
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import askalono
+import license_expression
+
+from data.config import LicenseConfig
+from data.records import FileRecord, StepStats
+from data.step import StepRun
+
+LICENSE_FILE = re.compile(
+    r"^(un)?licen[cs]e([-_.][\w.-]+)?$|^copying([-_.][\w.-]+)?$|^copyright(\.\w+)?$|"
+    r"^notice(\.\w+)?$|^mit-license(\.\w+)?$", re.I)
+README_FILE = re.compile(r"^readme(\.\w+)?$", re.I)
+SPDX_LINE = re.compile(r"SPDX-License-Identifier:\s*([^\n*#]+?)\s*(?:\*/|-->|#}|$)", re.M)
+_SEPARATOR = re.compile(r"^\s*(?:-{3,}|={3,}|\*{3,}|_{3,}|#{3,})\s*$", re.M)
+_README_SECTION = re.compile(r"^(#+\s*|)licen[cs]e\s*:?\s*$\n(?:[-=]+\s*\n)?([\s\S]{0,3000})",
+                             re.M | re.I)
+
+PERMISSIVE = "permissive"
+NO_LICENSE = "no_license"
+NON_PERMISSIVE = "non_permissive"
+
+
+@functools.cache
+def _licensing() -> license_expression.Licensing:
+    return license_expression.get_spdx_licensing()
+
+
+@functools.cache
+def permissive_ids() -> frozenset[str]:
+    """SPDX ids on the allow-list: Blue Oak's list plus ScanCode Permissive/Public Domain."""
+    ids: set[str] = set()
+    blueoak = json.loads((Path(__file__).parent / "resources" /
+                          "blueoak-list-15.0.0.json").read_text())
+    for rating in blueoak:
+        ids.update(lic["id"] for lic in rating["licenses"])
+    index_path = Path(license_expression.__file__).parent / "data" / "scancode-licensedb-index.json"
+    for entry in json.loads(index_path.read_text()):
+        if entry.get("category") in ("Permissive", "Public Domain") and not entry.get(
+                "is_exception"):
+            for key in [entry.get("spdx_license_key"), *entry.get("other_spdx_license_keys", [])]:
+                if key and not key.startswith("LicenseRef-"):
+                    ids.add(key)
+    return frozenset(ids)
+
+
+def parse_spdx(expression: str) -> license_expression.LicenseExpression | None:
+    """Parse an SPDX expression; None when it does not parse or names unknown licenses."""
+    try:
+        info = _licensing().validate(expression, strict=False)
+    except Exception:
+        return None
+    if info.errors or info.invalid_symbols:
+        return None
+    try:
+        return _licensing().parse(info.normalized_expression)
+    except Exception:
+        return None
+
+
+def expression_keys(expression: str) -> tuple[str, ...]:
+    """The license ids an SPDX expression names (exceptions left out), sorted."""
+    parsed = parse_spdx(expression)
+    if parsed is None:
+        return ()
+    return tuple(sorted(set(_licensing().license_keys(parsed))))
+
+
+def classify_expression(expression: str, extra: Iterable[str] = ()) -> str:
+    """``permissive`` when some choice of an OR, and every part of an AND, is permissive."""
+    parsed = parse_spdx(expression)
+    if parsed is None:
+        return NON_PERMISSIVE
+    allowed = permissive_ids() | set(extra)
+
+    def ok(node) -> bool:
+        if isinstance(node, license_expression.LicenseWithExceptionSymbol):
+            return node.license_symbol.key in allowed
+        if isinstance(node, license_expression.LicenseSymbol):
+            return node.key in allowed
+        if isinstance(node, _licensing().OR):
+            return any(ok(a) for a in node.args)
+        return all(ok(a) for a in node.args)
+
+    return PERMISSIVE if ok(parsed) else NON_PERMISSIVE
+
+
+@functools.lru_cache(maxsize=4096)
+def _identify_cached(digest: str, text: str) -> tuple[str, float]:
+    res = askalono.identify(text)
+    name = res.name
+    # askalono ranks Pixar (Apache-2.0 with a changed trademark clause) above Apache-2.0
+    # when an Apache text lacks its appendix; only a text that names Pixar is Pixar's.
+    if name == "Pixar" and "pixar" not in text.lower():
+        name = "Apache-2.0"
+    return name, float(res.score)
+
+
+def _match(text: str) -> tuple[str, float]:
+    return _identify_cached(hashlib.sha1(text.encode()).hexdigest(), text)
+
+
+def identify_text(text: str, min_score: float = 0.8) -> tuple[str, ...]:
+    """SPDX ids of a license text, the project's own license first.
+
+    A short file is matched whole. Files that bundle several licenses (the project's,
+    then its vendored dependencies') are split at separator lines and each section is
+    matched; if no section is confident, growing prefixes cut at paragraph ends are
+    tried, since the project's license comes first by convention.
+    """
+    ids = [m.group(1).strip() for m in SPDX_LINE.finditer(text[:4000])]
+    found: list[str] = [k for e in ids for k in expression_keys(e)]
+    if found:
+        return tuple(dict.fromkeys(found))
+    text = text.strip()
+    if not text:
+        return ()
+    if len(text) <= 12_000:
+        name, score = _match(text)
+        if score >= min_score:
+            return (name,)
+    sections = [s.strip() for s in _SEPARATOR.split(text) if s and len(s.strip()) > 300]
+    for sec in sections[:6]:
+        name, score = _match(sec)
+        if score >= min_score:
+            found.append(name)
+    if not found:
+        paragraphs = [m.end() for m in re.finditer(r"\n\s*\n", text)]
+        for size in (1500, 3000, 6000):
+            cut = next((p for p in paragraphs if p >= size), None)
+            if cut is None:
+                break
+            name, score = _match(text[:cut])
+            if score >= min_score:
+                found.append(name)
+                break
+    if not found and len(text) > 12_000:
+        name, score = _match(text)
+        if score >= min_score:
+            found.append(name)
+    return tuple(dict.fromkeys(found))
+
+
+def is_license_file(path: str) -> bool:
+    """Whether a path names a license file (LICENSE, COPYING, NOTICE, ...)."""
+    return LICENSE_FILE.match(posixpath.basename(path)) is not None
+
+
+def license_of_file(path: str, content: str, min_score: float) -> tuple[str, ...]:
+    """License ids declared by a license file or a README's license section."""
+    base = posixpath.basename(path)
+    if LICENSE_FILE.match(base):
+        return identify_text(content, min_score)
+    if README_FILE.match(base):
+        ids = [m.group(1).strip() for m in SPDX_LINE.finditer(content)]
+        keys = [k for e in ids for k in expression_keys(e)]
+        if keys:
+            return tuple(dict.fromkeys(keys))
+        m = _README_SECTION.search(content)
+        if m:
+            section = m.group(2)
+            inline = re.match(r"\s*(?:this project is |released |licensed )?(?:under )?(?:the )?"
+                              r"([A-Za-z0-9.+-]+(?: (?:AND|OR|WITH) [A-Za-z0-9.+-]+)*)\b",
+                              section)
+            if inline and expression_keys(inline.group(1)):
+                return expression_keys(inline.group(1))
+            return identify_text(section, min_score)
+    return ()
+
+
+class LicenseStep:
+    """Detect each repository's licenses and classify every file.
+
+    A repository's records are buffered (they arrive contiguously from ingest) because
+    its license files may come after the files they cover in path order.
+    """
+
+    name = "license"
+
+    def __init__(self, config: LicenseConfig) -> None:
+        self.config = config
+
+    def run(self, records: Iterable[FileRecord], rank: int = 0, world_size: int = 1) -> StepRun:
+        import time
+
+        stats = StepStats(self.name)
+        buf: list[FileRecord] = []
+        repo = None
+        for rec in records:
+            if rec.repo != repo and buf:
+                t0 = time.perf_counter()
+                self._apply(buf, stats)
+                stats.seconds += time.perf_counter() - t0
+                yield from self._emit(buf, stats)
+                buf = []
+            repo = rec.repo
+            buf.append(rec)
+        if buf:
+            t0 = time.perf_counter()
+            self._apply(buf, stats)
+            stats.seconds += time.perf_counter() - t0
+            yield from self._emit(buf, stats)
+        stats.dropped = dict(sorted(stats.dropped.items()))
+        return stats
+
+    def _emit(self, buf: list[FileRecord], stats: StepStats) -> Iterator[FileRecord]:
+        for rec in buf:
+            if rec.drop_stage and rec.drop_stage != self.name:
+                yield rec
+                continue
+            stats.files_in += 1
+            stats.bytes_in += rec.size
+            if rec.drop_stage:
+                stats.dropped[rec.drop_reason] = stats.dropped.get(rec.drop_reason, 0) + 1
+            else:
+                stats.files_out += 1
+                stats.bytes_out += rec.size
+            yield rec
+
+    def _apply(self, buf: list[FileRecord], stats: StepStats) -> None:
+        dir_licenses: dict[str, tuple[tuple[str, ...], str, tuple[str, ...]]] = {}
+        found: dict[str, list[tuple[int, str, tuple[str, ...]]]] = {}
+        for rec in buf:
+            if rec.drop_stage:
+                continue
+            base = posixpath.basename(rec.path)
+            if not (LICENSE_FILE.match(base) or README_FILE.match(base)):
+                continue
+            ids = license_of_file(rec.path, rec.content, self.config.min_score)
+            if ids:
+                stats.count("license_files")
+                rank = 1 if README_FILE.match(base) else (
+                    2 if base.lower().startswith("notice") else 0)
+                found.setdefault(posixpath.dirname(rec.path), []).append((rank, rec.path, ids))
+        for d, items in found.items():
+            items.sort()
+            best = items[0][0]
+            chosen = [lst for r, _, lst in items if r == best]
+            ids = tuple(dict.fromkeys(i for lst in chosen for i in lst))
+            # Each file's first license is the project's own; the rest are bundled code's.
+            primaries = tuple(dict.fromkeys(lst[0] for lst in chosen))
+            dir_licenses[d] = (ids, items[0][1], primaries)
+        for rec in buf:
+            if rec.drop_stage:
+                continue
+            spdx = [m.group(1).strip() for m in SPDX_LINE.finditer(rec.content[:3000])]
+            keys = tuple(k for e in spdx for k in expression_keys(e))
+            if keys and not is_license_file(rec.path):
+                rec.license_ids, rec.license_source = keys, "spdx-header"
+                rec.license_type = classify_expression(" AND ".join(
+                    f"({e})" for e in spdx if expression_keys(e)), self.config.extra_permissive)
+            else:
+                d = posixpath.dirname(rec.path)
+                primaries: tuple[str, ...] = ()
+                while True:
+                    if d in dir_licenses:
+                        rec.license_ids, rec.license_source, primaries = dir_licenses[d]
+                        break
+                    if not d:
+                        break
+                    d = posixpath.dirname(d)
+                if rec.license_ids:
+                    # Several license files in one place mean a choice (dual licensing).
+                    rec.license_type = classify_expression(
+                        " OR ".join(primaries), self.config.extra_permissive)
+                else:
+                    rec.license_type = NO_LICENSE
+            stats.count(f"type:{rec.license_type}")
+            if rec.license_type not in self.config.keep:
+                rec.drop(self.name, rec.license_type)
+
+
+def declared_license(metadata_text: str) -> str:
+    """The SPDX expression a package's METADATA declares (License-Expression, else License)."""
+    import email
+
+    msg = email.message_from_string(metadata_text.split("\n\n", 1)[0])
+    for key in ("License-Expression", "License"):
+        value = (msg.get(key) or "").strip()
+        if value and "\n" not in value and expression_keys(value):
+            return value
+    return ""
+
+
+def package_license_agreement(site_packages: str | Path, min_score: float = 0.8,
+                              ) -> dict[str, object]:
+    """Compare detected and declared licenses of installed distributions.
+
+    For each ``*.dist-info`` whose METADATA declares a valid SPDX expression and that
+    ships license files, the license files in the shallowest folder that has any are
+    identified; the package agrees when the first license found (the project's own) is
+    one the expression names (``agree_any``: when any license found is).
+    """
+    rows = []
+    for info in sorted(Path(site_packages).glob("*.dist-info")):
+        meta = info / "METADATA"
+        if not meta.is_file():
+            continue
+        declared = declared_license(meta.read_text(errors="replace"))
+        if not declared:
+            continue
+        files = sorted((f for f in info.rglob("*") if f.is_file() and is_license_file(f.name)
+                        and not f.name.lower().startswith("notice")),
+                       key=lambda f: (len(f.relative_to(info).parts), str(f)))
+        if not files:
+            continue
+        depth = len(files[0].relative_to(info).parts)
+        detected: list[str] = []
+        for f in files:
+            if len(f.relative_to(info).parts) == depth:
+                detected += identify_text(f.read_text(errors="replace"), min_score)
+        keys = set(expression_keys(declared))
+        rows.append({"package": info.name.removesuffix(".dist-info"), "declared": declared,
+                     "detected": list(dict.fromkeys(detected)),
+                     "agree": bool(detected) and detected[0] in keys,
+                     "agree_any": bool(keys & set(detected))})
+    agree = sum(r["agree"] for r in rows)
+    return {"packages": len(rows), "agree": agree,
+            "agreement": agree / len(rows) if rows else 0.0,
+            "agreement_any": sum(r["agree_any"] for r in rows) / len(rows) if rows else 0.0,
+            "rows": rows}

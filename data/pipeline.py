@@ -1,0 +1,279 @@
+"""The build: per-shard curation, global deduplication, per-shard output, manifest.
+
+Phases (each leaves a completion marker under ``<version>/_work``, so a rerun after a
+crash skips finished shards and produces byte-identical output):
+
+1. per shard: ingest -> language -> license -> opt-out -> filters -> PII -> decontam ->
+   signature; kept rows (with content and signature) and drops go to ``_work/stage1``;
+2. global: exact + near duplicates from hashes and signatures only (no content);
+3. per shard: stage-1 rows minus duplicates -> ``shards/``; all drops -> ``drops/``;
+4. manifest, checksums, changelog.
+
+Decontamination runs before signatures so a contaminated file is never chosen as the
+survivor of a duplicate cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+
+from data.config import BuildConfig, config_from_dict
+from data.decontam import DecontamStep
+from data.dedup import DedupItem, SignatureStep, find_duplicates
+from data.executor import make_executor
+from data.filters import FilterStep
+from data.ingest import IngestStep, assign_shards, plan_units
+from data.language import LanguageStep
+from data.license import LicenseStep
+from data.optout import OptOutRegistry, OptOutStep
+from data.pii import PIIStep
+from data.records import StepStats, merge_stats
+from data.snapshot import (
+    DROP_SCHEMA,
+    KEPT_SCHEMA,
+    OUTPUT_COLUMNS,
+    PII_LOG_SCHEMA,
+    RowWriter,
+    append_changelog,
+    code_version,
+    drop_row,
+    kept_row,
+    sha256_file,
+    write_checksums,
+)
+from data.step import chain
+
+log = logging.getLogger(__name__)
+
+# Settings that change how a build runs, not what it produces: left out of the manifest.
+RUN_ONLY_FIELDS = ("output_dir", "workers", "executor", "progress")
+
+
+def _work(cfg: BuildConfig) -> Path:
+    return cfg.version_dir / "_work"
+
+
+def _done(path: Path) -> bool:
+    return path.exists()
+
+
+def _mark(path: Path, payload: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(payload, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def _plan(cfg: BuildConfig) -> list[list]:
+    return assign_shards(plan_units(cfg.sources), cfg.num_shards)
+
+
+def stage1_shard(config: dict[str, Any], shard: int) -> dict[str, Any]:
+    """Phase 1 for one shard; returns its step statistics (cached when already done)."""
+    cfg = config_from_dict(config)
+    marker = _work(cfg) / "stage1" / f"{shard:05d}.done"
+    if _done(marker):
+        return dict(json.loads(marker.read_text()), skipped=True)
+    delay = float(os.environ.get("DATA_TEST_SHARD_DELAY_S", "0"))  # test hook: widen the
+    if delay:  # window in which the resume test kills a build
+        time.sleep(delay)
+    units = _plan(cfg)[shard]
+    registry = OptOutRegistry.load(cfg.optout.registry) if cfg.optout.registry else OptOutRegistry()
+    steps = [IngestStep(cfg.ingest), LanguageStep(cfg.language), LicenseStep(cfg.license),
+             OptOutStep(registry), FilterStep(cfg.filters), PIIStep(cfg.pii),
+             DecontamStep(cfg.decontam), SignatureStep(cfg.dedup)]
+    sink: list[StepStats] = []
+    d = _work(cfg) / "stage1"
+    kept = RowWriter(d / f"kept-{shard:05d}.parquet", KEPT_SCHEMA)
+    drops = RowWriter(d / f"drops-{shard:05d}.parquet", DROP_SCHEMA)
+    pii = RowWriter(d / f"pii-{shard:05d}.parquet", PII_LOG_SCHEMA)
+    for rec in chain(steps, iter(units), sink, shard, cfg.num_shards):
+        if rec.drop_stage:
+            drops.add(drop_row(rec))
+            continue
+        kept.add(kept_row(rec))
+        for e in rec.redactions:
+            pii.add({"repo": rec.repo, "path": rec.path, "type": e["type"], "start": e["start"],
+                     "end": e["end"], "value_sha256": e["sha256"]})
+    result = {"shard": shard, "kept": kept.close(), "dropped": drops.close(),
+              "pii_logged": pii.close(), "stats": [s.to_dict() for s in sink]}
+    _mark(marker, result)
+    return dict(result, skipped=False)
+
+
+def dedup_phase(cfg: BuildConfig) -> dict[str, Any]:
+    """Phase 2: find duplicates across all shards from hashes and signatures."""
+    marker = _work(cfg) / "dedup.done"
+    if _done(marker):
+        return json.loads(marker.read_text())
+    t0 = time.perf_counter()
+    items: list[DedupItem] = []
+    names: dict[tuple[int, int], str] = {}
+    import numpy as np
+
+    for shard in range(cfg.num_shards):
+        t = pq.read_table(_work(cfg) / "stage1" / f"kept-{shard:05d}.parquet",
+                          columns=["shard", "index", "sha256", "signature", "license_type",
+                                   "stars", "commit_date", "repo", "path"]).to_pydict()
+        for i in range(len(t["index"])):
+            key = (t["shard"][i], t["index"][i])
+            sig = t["signature"][i]
+            items.append(DedupItem(key, t["sha256"][i],
+                                   np.frombuffer(sig, dtype=np.uint32) if sig else None,
+                                   t["license_type"][i], t["stars"][i], t["commit_date"][i]))
+            names[key] = f"{t['repo'][i]}/{t['path'][i]}"
+    removed, counters = find_duplicates(items, cfg.dedup)
+    by_shard: dict[str, list] = {}
+    for (shard, index), (reason, surv) in sorted(removed.items()):
+        by_shard.setdefault(str(shard), []).append([index, reason, names[surv]])
+    stats = StepStats("dedup", files_in=len(items), files_out=len(items) - len(removed),
+                      counters=counters, seconds=time.perf_counter() - t0)
+    for reason, _ in removed.values():
+        stats.dropped[reason] = stats.dropped.get(reason, 0) + 1
+    stats.dropped = dict(sorted(stats.dropped.items()))
+    result = {"removed": by_shard, "stats": stats.to_dict()}
+    _mark(marker, result)
+    return result
+
+
+def stage3_shard(config: dict[str, Any], shard: int) -> dict[str, Any]:
+    """Phase 3 for one shard: write the output shard and the full drop table."""
+    cfg = config_from_dict(config)
+    marker = _work(cfg) / "stage3" / f"{shard:05d}.done"
+    if _done(marker):
+        return dict(json.loads(marker.read_text()), skipped=True)
+    removed_list = json.loads((_work(cfg) / "dedup.done").read_text())["removed"].get(
+        str(shard), [])
+    removed = {index: (reason, surv) for index, reason, surv in removed_list}
+    vdir = cfg.version_dir
+    s1 = _work(cfg) / "stage1"
+    out = RowWriter(vdir / "shards" / f"part-{shard:05d}.parquet", KEPT_SCHEMA, OUTPUT_COLUMNS)
+    drops = RowWriter(vdir / "drops" / f"part-{shard:05d}.parquet", DROP_SCHEMA)
+    for batch in pq.ParquetFile(s1 / f"drops-{shard:05d}.parquet").iter_batches(512):
+        for row in batch.to_pylist():
+            drops.add(row)
+    languages: dict[str, int] = {}
+    licenses: dict[str, int] = {}
+    license_ids: dict[str, int] = {}
+    out_bytes = 0
+    removed_bytes = 0
+    for batch in pq.ParquetFile(s1 / f"kept-{shard:05d}.parquet").iter_batches(512):
+        for row in batch.to_pylist():
+            if row["index"] in removed:
+                reason, surv = removed[row["index"]]
+                removed_bytes += row["size"]
+                drops.add({"shard": shard, "index": row["index"], "repo": row["repo"],
+                           "path": row["path"], "stage": "dedup", "reason": reason,
+                           "size": row["size"], "detail": f"survivor={surv}"})
+                continue
+            out.add({c: row[c] for c in OUTPUT_COLUMNS})
+            out_bytes += row["size"]
+            languages[row["language"] or "unknown"] = languages.get(row["language"] or "unknown",
+                                                                    0) + 1
+            licenses[row["license_type"]] = licenses.get(row["license_type"], 0) + 1
+            for lid in row["license_ids"]:
+                license_ids[lid] = license_ids.get(lid, 0) + 1
+    shutil.copyfile(s1 / f"pii-{shard:05d}.parquet", _pii_path(vdir, shard))
+    result = {"shard": shard, "rows": out.close(), "dropped": drops.close(), "bytes": out_bytes,
+              "removed_bytes": removed_bytes, "languages": languages, "licenses": licenses,
+              "license_ids": license_ids}
+    _mark(marker, result)
+    return dict(result, skipped=False)
+
+
+def _pii_path(vdir: Path, shard: int) -> Path:
+    p = vdir / "pii_log" / f"part-{shard:05d}.parquet"
+    p.parent.mkdir(parents=True, exist_ok=True)
+    return p
+
+
+def _sum(dicts: list[dict[str, int]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for d in dicts:
+        for k, v in d.items():
+            out[k] = out.get(k, 0) + v
+    return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def build(cfg: BuildConfig) -> dict[str, Any]:
+    """Run (or resume) a build; returns the manifest. Writes ``<output_dir>/<version>/``."""
+    t_start = time.perf_counter()
+    vdir = cfg.version_dir
+    vdir.mkdir(parents=True, exist_ok=True)
+    config = cfg.to_dict()
+    executor = make_executor(cfg.executor, cfg.workers, cfg.progress)
+    shards = list(range(cfg.num_shards))
+    timings: dict[str, float] = {}
+    t0 = time.perf_counter()
+    s1 = executor.map(stage1_shard, config, shards, "curate shards")
+    timings["stage1"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    dd = dedup_phase(cfg)
+    timings["dedup"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    s3 = executor.map(stage3_shard, config, shards, "write shards")
+    timings["stage3"] = time.perf_counter() - t0
+    stage_stats = merge_stats([[StepStats.from_dict(s) for s in r["stats"]] for r in s1])
+    dedup_stats = StepStats.from_dict(dd["stats"])
+    dedup_stats.bytes_in = sum(r["bytes"] + r["removed_bytes"] for r in s3)
+    dedup_stats.bytes_out = sum(r["bytes"] for r in s3)
+    stage_stats.append(dedup_stats)
+    ingest = stage_stats[0]
+    by_stage: dict[str, dict[str, int]] = {}
+    for s in stage_stats:
+        if s.dropped:
+            by_stage[s.name] = s.dropped
+    registry = OptOutRegistry.load(cfg.optout.registry) if cfg.optout.registry else OptOutRegistry()
+    files = [f"shards/part-{s:05d}.parquet" for s in shards]
+    drop_files = [f"drops/part-{s:05d}.parquet" for s in shards]
+    pii_files = [f"pii_log/part-{s:05d}.parquet" for s in shards]
+    manifest = {
+        "format": 1,
+        "version": cfg.version,
+        "config": {k: v for k, v in config.items() if k not in RUN_ONLY_FIELDS},
+        "code_version": code_version(),
+        "optout_registry_version": registry.version,
+        "inputs": {"files": ingest.files_in, "bytes": ingest.bytes_in},
+        "outputs": {"files": sum(r["rows"] for r in s3), "bytes": sum(r["bytes"] for r in s3)},
+        "dropped": {"files": sum(r["dropped"] for r in s3), "by_stage": by_stage},
+        "stages": [{k: v for k, v in s.to_dict().items() if k != "seconds"} for s in stage_stats],
+        "languages": _sum([r["languages"] for r in s3]),
+        "licenses": _sum([r["licenses"] for r in s3]),
+        "license_ids": _sum([r["license_ids"] for r in s3]),
+        "shards": [{"path": f, "rows": r["rows"], "sha256": sha256_file(vdir / f)}
+                   for f, r in zip(files, s3, strict=True)],
+        "drops": [{"path": f, "rows": r["dropped"], "sha256": sha256_file(vdir / f)}
+                  for f, r in zip(drop_files, s3, strict=True)],
+        "pii_logs": [{"path": f, "sha256": sha256_file(vdir / f)} for f in pii_files],
+    }
+    (vdir / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    write_checksums(vdir, [*files, *drop_files, *pii_files, "manifest.json"])
+    previous = _previous_version(Path(cfg.output_dir), cfg.version)
+    append_changelog(Path(cfg.output_dir), cfg.version, manifest, previous)
+    if cfg.tokenize.enabled:
+        from data.tokens import tokenize_snapshot
+
+        t0 = time.perf_counter()
+        tokenize_snapshot(vdir, cfg.tokenize)
+        timings["tokenize"] = time.perf_counter() - t0
+    timings["total"] = time.perf_counter() - t_start
+    report = {"timings_s": timings,
+              "per_stage_s": {s.name: round(s.seconds, 4) for s in stage_stats},
+              "skipped_shards": {"stage1": sum(r.get("skipped", False) for r in s1),
+                                 "stage3": sum(r.get("skipped", False) for r in s3)}}
+    (vdir / "report.json").write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
+    return manifest
+
+
+def _previous_version(output_dir: Path, version: str) -> str | None:
+    versions = sorted(p.name for p in output_dir.iterdir()
+                      if p.is_dir() and (p / "manifest.json").exists() and p.name != version)
+    return versions[-1] if versions else None

@@ -13,6 +13,7 @@ import contextlib
 import contextvars
 import dataclasses
 from collections.abc import Iterator
+from typing import Any
 
 from jax.sharding import Mesh
 
@@ -22,6 +23,7 @@ class TraceContext:
     mesh: Mesh | None = None
     rules: tuple = ()
     remat: str = "none"
+    pipeline: Any = None  # a jaxcore.pipeline.PipelineConfig when the step is pipelined
 
 
 _EMPTY = TraceContext()

@@ -28,6 +28,7 @@ from jaxcore import sharding as shd
 from jaxcore.adapters import ModelAdapter, as_adapter
 from jaxcore.errors import BatchError, ConfigError
 from jaxcore.mesh import BATCH_AXES, ParallelConfig, batch_parallelism, build_mesh
+from jaxcore.pipeline import SCHEDULES, PipelineConfig
 from jaxcore.precision import LossScaleConfig, LossScaleState, all_finite, get_policy
 from jaxcore.state import TrainState
 
@@ -53,6 +54,11 @@ class EngineConfig:
             parameters, e.g. ``(r".*q_proj/weight", ("heads", "embed"))``.
         loss_scale: dynamic loss-scale settings (fp16 only).
         seed: seed of the parameter init and of the step keys.
+        microbatches: pipeline microbatches per step (``pipeline > 1`` only; default: the
+            number of stages). With ``grad_accum = k`` the schedule runs ``k`` times as
+            many microbatches instead of nesting a second loop.
+        pipeline_schedule: ``gpipe`` or ``circular`` (interleaved layer chunks per stage).
+        pipeline_repeats: layer chunks per stage for ``circular`` (default 2).
     """
 
     parallel: ParallelConfig = dataclasses.field(default_factory=ParallelConfig)
@@ -65,6 +71,9 @@ class EngineConfig:
     param_rules: tuple[tuple[str, tuple], ...] = ()
     loss_scale: LossScaleConfig = dataclasses.field(default_factory=LossScaleConfig)
     seed: int = 0
+    microbatches: int | None = None
+    pipeline_schedule: str = "gpipe"
+    pipeline_repeats: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.parallel, ParallelConfig):
@@ -83,6 +92,32 @@ class EngineConfig:
             raise ConfigError(
                 f"clip_grad_norm={self.clip_grad_norm!r}: must be positive, or None to disable."
             )
+        if self.pipeline_schedule not in SCHEDULES:
+            raise ConfigError(
+                f"pipeline_schedule={self.pipeline_schedule!r}: use one of {SCHEDULES}."
+            )
+        repeats = self.pipeline_repeats
+        if self.pipeline_schedule == "gpipe" and repeats not in (None, 1):
+            raise ConfigError(
+                f"pipeline_repeats={repeats} needs pipeline_schedule='circular' (GPipe runs "
+                "each stage's layers once)."
+            )
+        if self.pipeline_schedule == "circular" and repeats is not None and repeats < 2:
+            raise ConfigError(
+                f"pipeline_repeats={repeats}: the circular schedule needs at least 2 repeats."
+            )
+        if self.microbatches is not None and self.microbatches < 1:
+            raise ConfigError(f"microbatches={self.microbatches}: must be >= 1.")
+
+    def pipeline_config(self, stages: int) -> PipelineConfig | None:
+        """The schedule for ``stages`` pipeline stages (``None`` without a pipeline)."""
+        if stages == 1:
+            if self.microbatches not in (None, 1) or self.pipeline_schedule != "gpipe":
+                log.warning("microbatches / pipeline_schedule are ignored: pipeline=1.")
+            return None
+        repeats = self.pipeline_repeats or (2 if self.pipeline_schedule == "circular" else 1)
+        micro = (self.microbatches or stages) * self.grad_accum
+        return PipelineConfig(stages=stages, microbatches=micro, repeats=repeats)
 
 
 class Engine:
@@ -104,6 +139,7 @@ class Engine:
         self.policy = get_policy(config.precision)
         remat.validate_policy(config.remat, self.mesh.devices.flat[0])
         self.rules = shd.validate_rules(config.rules, self.mesh.axis_names)
+        self.pipeline = config.pipeline_config(self.mesh.shape["pipeline"])
         self.model: ModelAdapter | None = None
         self.optimizer: optax.GradientTransformation | None = None
         self.plan: shd.ShardingPlan | None = None
@@ -140,6 +176,8 @@ class Engine:
             abs_params,
         )
         names = shd.name_params(abs_params, adapter.logical_axes, self.config.param_rules)
+        if self.pipeline is not None:
+            self._check_pipeline_layers(abs_params, names)
         self.plan = shd.plan(abs_params, names, self.mesh, self.rules, self.config.zero)
         abs_opt = jax.eval_shape(optimizer.init, abs_params)
         opt_shardings = optax.tree_map_params(
@@ -196,13 +234,32 @@ class Engine:
 
         return jax.jit(init, out_shardings=self.state_shardings)(key)
 
+    def _check_pipeline_layers(self, abs_params: Any, names: Any) -> None:
+        flat = jax.tree_util.tree_flatten_with_path(abs_params)[0]
+        leaves = jax.tree.leaves(names, is_leaf=lambda x: x is None or isinstance(x, tuple))
+        stacked = [
+            (p, x, n)
+            for (p, x), n in zip(flat, leaves, strict=True)
+            if n is not None and "layers" in n
+        ]
+        if not stacked:
+            raise ConfigError(
+                "ParallelConfig.pipeline > 1 but no parameter has a 'layers' axis: pipeline "
+                "parallelism needs the model's blocks stacked along a 'layers' axis and run "
+                "with jaxcore.pipeline.scan_layers (as jaxcore.models.Transformer does)."
+            )
+        for path, leaf, n in stacked:
+            self.pipeline.check_layers(leaf.shape[n.index("layers")], shd.path_str(path))
+
     def _require_prepared(self, what: str) -> ModelAdapter:
         if self.model is None:
             raise ConfigError(f"Engine.{what}: call engine.prepare(model, optimizer) first.")
         return self.model
 
     def _trace_context(self) -> context.TraceContext:
-        return context.TraceContext(mesh=self.mesh, rules=self.rules, remat=self.config.remat)
+        return context.TraceContext(
+            mesh=self.mesh, rules=self.rules, remat=self.config.remat, pipeline=self.pipeline
+        )
 
     def bind(self, state: TrainState) -> Any:
         """The model with ``state``'s parameters, in the compute dtype (for use in jit)."""
@@ -231,7 +288,9 @@ class Engine:
         ways = batch_parallelism(self.mesh)
         if local:
             ways = max(1, ways // jax.process_count())
-        need = ways * self.config.grad_accum
+        # A pipelined step cuts the batch into its microbatches (grad_accum folded in).
+        per_shard = self.pipeline.microbatches if self.pipeline else self.config.grad_accum
+        need = ways * per_shard
         for path, leaf in jax.tree_util.tree_leaves_with_path(batch):
             shape = np.shape(leaf)
             where = shd.path_str(path) or "batch"
@@ -242,8 +301,9 @@ class Engine:
             if shape[0] % need:
                 raise BatchError(
                     f"batch[{where}] has leading size {shape[0]}, which does not divide into "
-                    f"{ways} data-parallel shards (data x fsdp = {ways}) x grad_accum="
-                    f"{self.config.grad_accum}. Use a batch size that is a multiple of {need}."
+                    f"{ways} data-parallel shards (data x fsdp = {ways}) x {per_shard} "
+                    f"{'pipeline microbatches' if self.pipeline else 'grad_accum'}. Use a "
+                    f"batch size that is a multiple of {need}."
                 )
 
     def _as_global(self, batch: Any) -> Any:
@@ -264,7 +324,8 @@ class Engine:
         """
         adapter = self._require_prepared("train_step")
         cfg, policy, tx, plan = self.config, self.policy, self.optimizer, self.plan
-        accum = cfg.grad_accum
+        # With a pipeline, accumulation happens over the schedule's microbatches.
+        accum = 1 if self.pipeline else cfg.grad_accum
         micro_sharding = NamedSharding(self.mesh, PartitionSpec(None, *self._batch_spec))
 
         def micro_loss(params, model_state, batch, key, scale):
@@ -331,6 +392,8 @@ class Engine:
                 if state.loss_scale is not None:
                     grads = jax.tree.map(lambda g: g / scale, grads)
                 metrics["weight"] = weight
+                if self.pipeline is not None:
+                    metrics["pipeline_bubble"] = jnp.float32(self.pipeline.bubble_fraction)
                 grads = jax.lax.with_sharding_constraint(grads, plan.grads)
                 grad_norm = optax.tree.norm(grads)
                 metrics["grad_norm"] = grad_norm

@@ -21,6 +21,7 @@ from flax import nnx
 
 from jaxcore import axes
 from jaxcore.errors import ConfigError
+from jaxcore.pipeline import scan_layers
 from jaxcore.remat import checkpoint_block
 from jaxcore.sharding import constrain
 
@@ -246,11 +247,9 @@ class Transformer(nnx.Module):
         embed = constrain(self.embed[...], (axes.VOCAB, None))
         x = constrain(jnp.take(embed, tokens, axis=0), ACT)
 
-        @checkpoint_block
-        def step(carry, layer_params):
-            return self.block(carry, layer_params, cos, sin), None
-
-        x, _ = jax.lax.scan(step, x, self.block_params())
+        # scan_layers is lax.scan over the stacked layers, or the pipeline schedule when
+        # the engine runs one; rotary tables travel with each microbatch.
+        x = scan_layers(checkpoint_block(self.block), x, self.block_params(), (cos, sin))
         return rms_norm(x, self.final_norm[...], cfg.norm_eps)
 
     def __call__(self, tokens: jax.Array, positions: jax.Array | None = None) -> jax.Array:

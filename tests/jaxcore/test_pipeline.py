@@ -1,0 +1,146 @@
+"""Pipeline parallelism: parity with one device, the bubble metric, errors, re-layout."""
+
+import jax
+import numpy as np
+import optax
+import pytest
+from flax import nnx
+
+import jaxcore as jc
+from jaxcore.models import Transformer, TransformerConfig, lm_loss
+
+from .helpers import host, max_rel_diff
+
+CFG = TransformerConfig.tiny(n_layers=8, max_seq_len=64)
+BATCHES = [
+    {"tokens": np.random.default_rng(s).integers(0, 256, (16, 17)).astype(np.int32)}
+    for s in range(3)
+]
+TX = optax.sgd(0.1, momentum=0.9)
+
+
+def factory(rngs: nnx.Rngs) -> Transformer:
+    return Transformer(CFG, rngs=rngs)
+
+
+def train(engine: jc.Engine, batches=BATCHES, state=None):
+    state = engine.prepare(factory, TX) if state is None else state
+    step = engine.train_step(lm_loss)
+    losses, metrics = [], None
+    for b in batches:
+        state, metrics = step(state, b)
+        losses.append(float(metrics["loss"]))
+    return np.array(losses), state, metrics
+
+
+@pytest.fixture(scope="module")
+def reference():
+    losses, state, _ = train(
+        jc.Engine(parallel=jc.ParallelConfig(fsdp=1), devices=jax.devices()[:1])
+    )
+    return losses, host(state.params)
+
+
+LAYOUTS = {
+    "pipeline=2": (dict(pipeline=2, fsdp=1), 2, {}),
+    "pipeline=4": (dict(pipeline=4, fsdp=1), 4, {}),
+    "pipeline=2,fsdp=2,tensor=2": (dict(pipeline=2, fsdp=2, tensor=2), 8, {}),
+    "pipeline=2,data=2,fsdp=2 zero3": (dict(pipeline=2, data=2, fsdp=2), 8, dict(zero=3)),
+}
+SCHEDULES = {"gpipe": {}, "circular": dict(pipeline_schedule="circular")}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule", list(SCHEDULES))
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_pipeline_matches_single_device(layout, schedule, reference):
+    ref_losses, ref_params = reference
+    parallel, n, extra = LAYOUTS[layout]
+    stages = parallel["pipeline"]
+    micro = 2 * stages
+    engine = jc.Engine(
+        parallel=jc.ParallelConfig(**parallel),
+        devices=jax.devices()[:n],
+        microbatches=micro,
+        **extra,
+        **SCHEDULES[schedule],
+    )
+    losses, state, metrics = train(engine)
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
+    assert max_rel_diff(host(state.params), ref_params) < 1e-5
+    repeats = 2 if schedule == "circular" else 1
+    expected_bubble = (stages - 1) / (repeats * micro + stages - 1)
+    assert float(metrics["pipeline_bubble"]) == pytest.approx(expected_bubble, rel=1e-6)
+    # The layers really are split over the pipeline axis.
+    assert "pipeline" in str(state.params["wq"].sharding.spec[0])
+
+
+def test_grad_accum_folds_into_pipeline_microbatches(reference):
+    ref_losses, ref_params = reference
+    engine = jc.Engine(
+        parallel=jc.ParallelConfig(pipeline=2, fsdp=1),
+        devices=jax.devices()[:2],
+        microbatches=2,
+        grad_accum=2,
+    )
+    assert engine.pipeline.microbatches == 4
+    losses, state, metrics = train(engine)
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-5)
+    assert max_rel_diff(host(state.params), ref_params) < 1e-5
+    assert float(metrics["pipeline_bubble"]) == pytest.approx(1 / 5)
+
+
+def test_state_moves_between_pipeline_and_flat_layouts(reference):
+    ref_losses, ref_params = reference
+    piped = jc.Engine(parallel=jc.ParallelConfig(pipeline=2, fsdp=4), microbatches=2)
+    flat = jc.Engine(parallel=jc.ParallelConfig(fsdp=8))
+    flat.prepare(factory, TX)
+    first, state, _ = train(piped, BATCHES[:1])
+    # The train state keeps layers in natural order under every layout, so re-layout
+    # is a device_put onto the other engine's shardings.
+    state = jax.device_put(state, flat.state_shardings)
+    rest, state, _ = train(flat, BATCHES[1:], state=state)
+    np.testing.assert_allclose(np.concatenate([first, rest]), ref_losses, rtol=1e-5)
+    # ...and back onto the pipeline layout.
+    piped.prepare(factory, TX)
+    back = jax.device_put(state, piped.state_shardings)
+    assert max_rel_diff(host(back.params), ref_params) < 1e-5
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "words"),
+    [
+        (
+            dict(parallel=jc.ParallelConfig(pipeline=2, fsdp=4), microbatches=3),
+            ["microbatches=3", "multiple of the stages"],
+        ),
+        (
+            dict(parallel=jc.ParallelConfig(pipeline=4, fsdp=2), microbatches=2),
+            ["microbatches=2", "at least 4"],
+        ),
+        (
+            dict(parallel=jc.ParallelConfig(pipeline=2, fsdp=4), pipeline_repeats=2),
+            ["pipeline_schedule='circular'"],
+        ),
+        (dict(pipeline_schedule="1f1b"), ["pipeline_schedule='1f1b'", "gpipe"]),
+    ],
+)
+def test_bad_pipeline_settings(kwargs, words):
+    with pytest.raises(jc.ConfigError) as err:
+        jc.Engine(**kwargs)
+    for w in words:
+        assert w in str(err.value)
+
+
+def test_layers_that_do_not_split_into_stages():
+    engine = jc.Engine(parallel=jc.ParallelConfig(pipeline=4, fsdp=2), pipeline_schedule="circular")
+    cfg = TransformerConfig.tiny(n_layers=4)
+    with pytest.raises(jc.ConfigError, match="4 layers do not split into 4 pipeline stages x 2"):
+        engine.prepare(lambda r: Transformer(cfg, rngs=r), TX)
+
+
+def test_batch_that_does_not_split_into_microbatches():
+    engine = jc.Engine(parallel=jc.ParallelConfig(pipeline=2, fsdp=4), microbatches=4)
+    state = engine.prepare(factory, TX)
+    with pytest.raises(jc.BatchError, match="4 pipeline microbatches"):
+        engine.train_step(lm_loss)(state, {"tokens": BATCHES[0]["tokens"][:8]})

@@ -5,12 +5,12 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 # Extras that `make test` installs so every optional part's tests run in CI.
-TEST_EXTRAS := test,data,data-ray
+TEST_EXTRAS := test,data,data-ray,torchbridge
 # XLA's CPU runtime returns large buffers to the OS every step and faults them back in;
 # these glibc settings removed that (1.36x faster steps, PERF-NOTES.md).
 export GLIBC_TUNABLES ?= glibc.malloc.hugetlb=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736
 
-.PHONY: demo test lint bench-quick clean
+.PHONY: demo test test-xla lint bench-quick clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -30,6 +30,10 @@ demo: $(VENV)/.installed-base
 test: $(VENV)/.installed-test
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
+
+# torch_xla is built against its own torch release, so it lives in its own venv.
+test-xla:
+	bash scripts/test-xla.sh
 
 lint: $(VENV)/.installed-test
 	$(BIN)/ruff check .

@@ -44,3 +44,15 @@ def write_results(name: str, payload: dict) -> Path:
     path.write_text(json.dumps(payload, indent=2) + "\n")
     print(f"\nwrote {path}")
     return path
+
+
+def stdlib_batch(batch: int, seq: int, seed: int = 0) -> dict:
+    """One packed batch of the stdlib's source bytes as NumPy arrays (real text)."""
+    import jaxcore as jc
+
+    loader = jc.Loader(jc.stdlib_source(), jc.InputConfig(global_batch_size=batch,
+                                                          seq_len=seq, seed=seed))
+    try:
+        return next(loader)
+    finally:
+        loader.close()

@@ -27,11 +27,10 @@ def main() -> None:
 
     import jax
     import optax
-    from _common import print_table, time_alternating, write_results
+    from _common import print_table, stdlib_batch, time_alternating, write_results
     from flax import nnx
 
     import jaxcore as jc
-    from jaxcore.demo_data import stdlib_bytes, window_batches
     from jaxcore.models import Transformer, TransformerConfig, lm_loss
 
     if args.quick:
@@ -45,8 +44,7 @@ def main() -> None:
     factory = lambda rngs: Transformer(cfg, rngs=rngs)
     state = engine.prepare(factory, tx)
     engine_step = engine.train_step(lm_loss)
-    text, _ = stdlib_bytes()
-    data = next(window_batches(text, batch, seq, seed=0, count=1))
+    data = stdlib_batch(batch, seq)
     global_batch = engine.shard_batch(data)
 
     # The hand-written step: nnx split/merge, value_and_grad, optax; same shardings.

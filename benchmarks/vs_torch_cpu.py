@@ -44,19 +44,17 @@ def bench_size(name: str, rounds: int, steps: int, compile_torch: bool) -> dict:
     import numpy as np
     import optax
     import torch
-    from _common import time_alternating
+    from _common import stdlib_batch, time_alternating
     from torch_llama import TorchLlama
     from torch_llama import lm_loss as torch_loss
 
     import jaxcore as jc
-    from jaxcore.demo_data import stdlib_bytes, window_batches
     from jaxcore.models import Transformer, TransformerConfig, lm_loss, training_flops_per_token
 
     d, layers, heads, seq, batch = SIZES[name]
     cfg = TransformerConfig(d_model=d, n_layers=layers, n_heads=heads, n_kv_heads=heads,
                             d_ff=int(d * 8 / 3 + 63) // 64 * 64, max_seq_len=seq)
-    text, _ = stdlib_bytes()
-    data = next(window_batches(text, batch, seq, seed=0, count=1))
+    data = stdlib_batch(batch, seq)
 
     engine = jc.Engine(parallel=jc.ParallelConfig(fsdp=1), devices=jax.devices()[:1])
     holder = {"state": engine.prepare(lambda r: Transformer(cfg, rngs=r), optax.adamw(1e-4))}

@@ -1,0 +1,1 @@
+"""Pieces of `jaxcore.checkpoint` that have their own job (portable weight files)."""

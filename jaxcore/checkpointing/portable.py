@@ -1,0 +1,146 @@
+"""Portable weights: parameters to and from one safetensors file.
+
+This is how users leave the framework or bring weights in. Names are the flattened
+parameter paths joined with dots (``layers.wq``); the file's metadata holds, under the
+key ``jaxcore``, a JSON map from each name to its logical axes and dtype, plus the step
+it came from. Loading places each tensor straight into the current mesh's shards with
+`jax.make_array_from_callback` reading slices through ``safe_open`` (so no device, and
+with several hosts no host, holds more than its part of a sharded parameter).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+from typing import Any
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from jaxcore import sharding as shd
+from jaxcore.errors import ConfigError
+
+SEP = "."
+
+
+def _flat(tree: Any) -> dict[str, Any]:
+    return {
+        shd.path_str(p).replace("/", SEP): x
+        for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]
+    }
+
+
+def save_params(
+    params: Any,
+    path: str | os.PathLike,
+    *,
+    logical_axes: dict[str, Any] | None = None,
+    step: int | None = None,
+) -> pathlib.Path:
+    """Write a parameter tree (arrays or NumPy) to one safetensors file (process 0 writes).
+
+    ``logical_axes`` maps ``a/b`` paths (as in a checkpoint record) to axis-name lists.
+    """
+    path = pathlib.Path(path)
+    tensors = {k: np.ascontiguousarray(jax.device_get(v)) for k, v in _flat(params).items()}
+    axes = {(k or "").replace("/", SEP): v for k, v in (logical_axes or {}).items()}
+    info = {
+        "step": step,
+        "tensors": {
+            k: {"dtype": str(v.dtype), "shape": list(v.shape), "logical_axes": axes.get(k)}
+            for k, v in tensors.items()
+        },
+    }
+    if jax.process_index() == 0:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + ".tmp")
+        save_file(tensors, str(tmp), metadata={"format": "np", "jaxcore": json.dumps(info)})
+        os.replace(tmp, path)
+    return path
+
+
+def export_checkpoint(step_dir: str | os.PathLike, path: str | os.PathLike) -> pathlib.Path:
+    """Export the parameters of the checkpoint in ``step_dir`` (a ``<dir>/<step>``).
+
+    Needs no model or engine: shapes and logical axes come from the step's record, and
+    only the ``params`` subtree is read (Orbax partial restore into NumPy arrays).
+    """
+    step_dir = pathlib.Path(step_dir)
+    record = json.loads((step_dir / "meta" / "metadata").read_text())
+    leaves = {k: v for k, v in record["leaves"].items() if k.startswith("params/")}
+    if not leaves:
+        raise ConfigError(f"{step_dir} records no parameters; is it a jaxcore checkpoint?")
+    target: dict[str, Any] = {}
+    for key, (shape, dtype) in leaves.items():
+        node = target
+        parts = key.split("/")[1:]
+        for part in parts[:-1]:
+            node = node.setdefault(part, {})
+        node[parts[-1]] = jax.ShapeDtypeStruct(tuple(shape), np.dtype(dtype))
+    restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), target)
+    with ocp.PyTreeCheckpointer() as ckptr:
+        out = ckptr.restore(
+            step_dir / "state",
+            args=ocp.args.PyTreeRestore(
+                item={"params": target},
+                restore_args={"params": restore_args},
+                partial_restore=True,
+            ),
+        )
+    axes = {k.removeprefix("params/"): v for k, v in (record.get("logical_axes") or {}).items()}
+    return save_params(out["params"], path, logical_axes=axes, step=record.get("step"))
+
+
+def read_info(path: str | os.PathLike) -> dict[str, Any]:
+    """The ``jaxcore`` metadata of a file written by `save_params` (``{}`` if foreign)."""
+    with safe_open(str(path), framework="numpy") as f:
+        meta = f.metadata() or {}
+    return json.loads(meta["jaxcore"]) if "jaxcore" in meta else {}
+
+
+def load_params(path: str | os.PathLike, engine: Any) -> Any:
+    """Read a safetensors file into ``engine``'s parameter tree, sharded on its mesh.
+
+    ``engine`` must be prepared (``engine.prepare`` or ``Checkpointer.abstract_state``).
+    Names, shapes and dtypes must match the model's; mismatches raise `ConfigError`
+    naming every offending tensor.
+    """
+    if engine.state_shardings is None:
+        raise ConfigError("load_params: call engine.prepare(model, optimizer) first.")
+    shardings = engine.state_shardings.params
+    abstract = jax.tree.map(
+        lambda s, sh: jax.ShapeDtypeStruct(
+            s.shape, engine.policy.param_dtype if np.issubdtype(s.dtype, np.floating) else s.dtype
+        ),
+        engine.model.abstract[0],
+        shardings,
+    )
+    flat_abs = _flat(abstract)
+    flat_sh = _flat(shardings)
+    with safe_open(str(path), framework="numpy") as f:
+        names = set(f.keys())
+        missing = sorted(set(flat_abs) - names)
+        extra = sorted(names - set(flat_abs))
+        if missing or extra:
+            raise ConfigError(
+                f"{path}: tensors {missing[:5]} are missing and {extra[:5]} are unknown "
+                f"to this model (expected names like {sorted(flat_abs)[:3]})."
+            )
+        out = {}
+        for name, want in flat_abs.items():
+            sl = f.get_slice(name)
+            shape = tuple(sl.get_shape())
+            if shape != tuple(want.shape):
+                raise ConfigError(
+                    f"{path}: tensor {name} has shape {shape}, the model expects {want.shape}."
+                )
+            dtype = np.dtype(want.dtype)
+            out[name] = jax.make_array_from_callback(
+                want.shape, flat_sh[name], lambda idx, sl=sl, dt=dtype: np.asarray(sl[idx], dt)
+            )
+    leaves = [out[k] for k in flat_abs]
+    return jax.tree.unflatten(jax.tree.structure(abstract), leaves)

@@ -1,0 +1,501 @@
+"""Grain input: deterministic, per-process token batches as global `jax.Array`s.
+
+`Loader` wraps any Grain source and yields ``{"tokens", "mask"}`` batches shaped
+``(global_batch, seq_len + 1)`` for `jaxcore.models.lm_loss`:
+
+- **Random-access sources** (a `grain.MapDataset`, a `grain.sources` data source, or
+  anything with ``__len__`` and ``__getitem__``): row ``k`` of the infinite training stream
+  is a pure function of ``(seed, k)``: epoch ``k // rows_per_epoch`` is a fresh Grain
+  shuffle of the documents (`MapDataset.shuffle` reseeds per epoch). Global batch ``s``
+  is rows ``[s * B, (s + 1) * B)``; each process builds only the rows its devices hold.
+  The position is therefore just the step, and a run resumes on any number of processes.
+- **Streaming sources** (a `grain.IterDataset`): elements are dealt round-robin to
+  processes, padded or packed, batched and prefetched inside Grain, and the Grain iterator
+  state is the position (saved per process; resume needs the same process count).
+
+Sequences are padded (one document per row, ``mask`` marks real tokens) or packed
+(documents concatenated, separated by ``eos_id`` when given, and cut into rows, as in
+GPT-2/MaxText pre-training; every token of an epoch is seen once, the epoch's last
+partial row is dropped). The seeded, random-access design follows Grain's
+``dataset.py`` ("the position is a function of the index"); the packing of a shuffled
+epoch into rows follows Grain's ``ConcatThenSplitIterDataset`` idea, made random-access
+here by prefix sums over the document lengths.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import pathlib
+import sysconfig
+import threading
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import grain
+import jax
+import numpy as np
+from jax.sharding import Sharding
+
+from jaxcore.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+MODES = ("pack", "pad")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class InputConfig:
+    """How documents become batches.
+
+    Attributes:
+        global_batch_size: rows per step over all processes (including grad-accum rows).
+        seq_len: the model's sequence length; rows hold ``seq_len + 1`` tokens (inputs
+            plus the shifted targets).
+        mode: ``pack`` (concatenate documents and cut into full rows) or ``pad`` (one
+            document per row, truncated or padded with ``pad_id``).
+        seed: shuffle seed; with the step it fixes the whole order.
+        shuffle: shuffle documents (a new order every epoch); ``False`` keeps source order.
+        pad_id: token id used for padding (masked out).
+        eos_id: token appended to each document when packing (``None``: none).
+        prefetch: batches Grain prepares ahead of the training loop.
+        num_threads: Grain reader threads that build batches.
+        worker_count: Grain worker processes (``0``: threads in this process). The source
+            must be picklable.
+        shard_stream: for streaming sources, deal elements round-robin to processes.
+            Set ``False`` when each process already reads its own part of the stream.
+    """
+
+    global_batch_size: int
+    seq_len: int
+    mode: str = "pack"
+    seed: int = 0
+    shuffle: bool = True
+    pad_id: int = 0
+    eos_id: int | None = None
+    prefetch: int = 4
+    num_threads: int = 2
+    worker_count: int = 0
+    shard_stream: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("global_batch_size", "seq_len", "prefetch", "num_threads"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"InputConfig.{name}={value!r}: must be an integer >= 1.")
+        if self.mode not in MODES:
+            raise ConfigError(f"InputConfig.mode={self.mode!r}: use one of {MODES}.")
+        if not isinstance(self.worker_count, int) or self.worker_count < 0:
+            raise ConfigError(
+                f"InputConfig.worker_count={self.worker_count!r}: must be an integer >= 0 "
+                "(0 = no worker processes)."
+            )
+        if not 0 <= self.seed < 2**32:
+            raise ConfigError(f"InputConfig.seed={self.seed!r}: must be in [0, 2**32).")
+
+
+def _tokens_of(element: Any) -> np.ndarray:
+    """A document's tokens: the element itself, or its ``"tokens"`` entry."""
+    if isinstance(element, dict):
+        if "tokens" not in element:
+            raise ConfigError(
+                f"input element has keys {sorted(element)}; a dict element needs 'tokens'."
+            )
+        element = element["tokens"]
+    tokens = np.asarray(element)
+    if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
+        raise ConfigError(
+            f"input element of shape {tokens.shape} and dtype {tokens.dtype}: each document "
+            "must be a 1-d integer array of token ids (or a dict with 'tokens')."
+        )
+    return tokens
+
+
+def _pad_row(tokens: np.ndarray, width: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    row = np.full((width,), pad_id, np.int32)
+    mask = np.zeros((width,), np.int32)
+    n = min(len(tokens), width)
+    row[:n] = tokens[:n]
+    mask[:n] = 1
+    return row, mask
+
+
+def local_rows(sharding: Sharding | None, global_batch: int, width: int) -> tuple[int, int]:
+    """The contiguous range of global batch rows that this process's devices hold.
+
+    It is the block `jax.make_array_from_process_local_data` expects from this process.
+    """
+    if sharding is None:
+        return 0, global_batch
+    index_map = sharding.addressable_devices_indices_map((global_batch, width))
+    spans = sorted(
+        {
+            (s[0].start or 0, global_batch if s[0].stop is None else s[0].stop)
+            for s in index_map.values()
+        }
+    )
+    lo, hi = spans[0][0], spans[0][1]
+    for start, stop in spans[1:]:
+        if start > hi:
+            raise ConfigError(
+                f"the batch sharding gives this process rows {spans}, which are not one "
+                "contiguous block; put the cross-process split on the data or fsdp axis."
+            )
+        hi = max(hi, stop)
+    return lo, hi
+
+
+class _Rows:
+    """Row ``k`` of the infinite stream of a random-access source: a pure function of k.
+
+    Picklable (Grain worker processes receive it), stateless apart from a cache.
+    """
+
+    def __init__(self, source: Any, cfg: InputConfig, lengths: np.ndarray | None):
+        base = source if isinstance(source, grain.MapDataset) else grain.MapDataset.source(source)
+        self.base = base
+        self.n = len(base)
+        if self.n == 0:
+            raise ConfigError("the input source is empty; it needs at least one document.")
+        self.cfg = cfg
+        self.width = cfg.seq_len + 1
+        order = grain.MapDataset.range(self.n)
+        # Grain's shuffle reseeds every epoch: index e*n + j is document j of epoch e's order.
+        self.order = order.shuffle(cfg.seed) if cfg.shuffle else order
+        self.docs = base.shuffle(cfg.seed) if cfg.shuffle else base
+        self.lengths = None
+        self.rows_per_epoch = self.n
+        if cfg.mode == "pack":
+            self.lengths = np.asarray(lengths if lengths is not None else _measure(base), np.int64)
+            if len(self.lengths) != self.n:
+                raise ConfigError(
+                    f"source.lengths has {len(self.lengths)} entries for {self.n} documents."
+                )
+            extra = 0 if cfg.eos_id is None else 1
+            total = int(self.lengths.sum()) + extra * self.n
+            self.rows_per_epoch = total // self.width
+            if self.rows_per_epoch < 1:
+                raise ConfigError(
+                    f"the source holds {total} tokens, fewer than one row of seq_len+1="
+                    f"{self.width}; use a shorter seq_len or more data."
+                )
+        self._epochs: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_epochs"], state["_lock"] = {}, None
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
+    def _epoch(self, epoch: int) -> tuple[np.ndarray, np.ndarray]:
+        """Document order of ``epoch`` and the token offset where each starts."""
+        with self._lock:
+            if epoch not in self._epochs:
+                first = epoch * self.n
+                order = np.fromiter(
+                    (self.order[first + j] % self.n for j in range(self.n)), np.int64, self.n
+                )
+                extra = 0 if self.cfg.eos_id is None else 1
+                sizes = self.lengths[order] + extra
+                starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+                if len(self._epochs) >= 2:
+                    self._epochs.pop(min(self._epochs))
+                self._epochs[epoch] = (order, starts)
+            return self._epochs[epoch]
+
+    def row(self, k: int) -> tuple[np.ndarray, np.ndarray]:
+        cfg = self.cfg
+        if cfg.mode == "pad":
+            return _pad_row(_tokens_of(self.docs[k]), self.width, cfg.pad_id)
+        epoch, r = divmod(k, self.rows_per_epoch)
+        order, starts = self._epoch(epoch)
+        begin, end = r * self.width, (r + 1) * self.width
+        j = int(np.searchsorted(starts, begin, side="right")) - 1
+        parts = []
+        pos = begin
+        while pos < end:
+            doc = _tokens_of(self.base[int(order[j])])
+            if cfg.eos_id is not None:
+                doc = np.append(doc, cfg.eos_id)
+            offset = pos - int(starts[j])
+            take = doc[offset : offset + (end - pos)]
+            parts.append(take)
+            pos += len(take)
+            j += 1
+        row = np.concatenate(parts).astype(np.int32)
+        return row, np.ones((self.width,), np.int32)
+
+    def batch(self, first: int, count: int) -> dict[str, np.ndarray]:
+        rows = [self.row(first + i) for i in range(count)]
+        return {
+            "tokens": np.stack([r[0] for r in rows]),
+            "mask": np.stack([r[1] for r in rows]),
+        }
+
+
+class _LocalBatch:
+    """``step -> this process's rows of global batch step`` (a picklable Grain map)."""
+
+    def __init__(self, rows: _Rows, global_batch: int, lo: int, hi: int):
+        self.rows, self.global_batch, self.lo, self.hi = rows, global_batch, lo, hi
+
+    def __call__(self, step: int) -> dict[str, np.ndarray]:
+        return self.rows.batch(int(step) * self.global_batch + self.lo, self.hi - self.lo)
+
+
+def _measure(base: grain.MapDataset) -> np.ndarray:
+    """Token count of every document (one pass; give the source a ``lengths`` to skip it)."""
+    from rich.progress import track
+
+    n = len(base)
+    show = jax.process_index() == 0 and n > 10_000
+    it = track(range(n), description="measuring documents") if show else range(n)
+    return np.fromiter((len(_tokens_of(base[i])) for i in it), np.int64, n)
+
+
+class _PadMap(grain.transforms.Map):
+    def __init__(self, width: int, pad_id: int):
+        self.width, self.pad_id = width, pad_id
+
+    def map(self, element: Any) -> dict[str, np.ndarray]:
+        row, mask = _pad_row(_tokens_of(element), self.width, self.pad_id)
+        return {"tokens": row, "mask": mask}
+
+
+class _AsTokens(grain.transforms.Map):
+    def __init__(self, eos_id: int | None):
+        self.eos_id = eos_id
+
+    def map(self, element: Any) -> dict[str, np.ndarray]:
+        tokens = _tokens_of(element).astype(np.int32)
+        if self.eos_id is not None:
+            tokens = np.append(tokens, np.int32(self.eos_id))
+        return {"tokens": tokens}
+
+
+class _Unsegment(grain.transforms.Map):
+    def map(self, element: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        tokens = element["tokens"].astype(np.int32)
+        mask = element.get("tokens_segment_ids")
+        mask = np.ones_like(tokens) if mask is None else (mask > 0).astype(np.int32)
+        return {"tokens": tokens, "mask": mask}
+
+
+class Loader:
+    """Batches from a Grain source, positioned by step, as global `jax.Array`s.
+
+    Args:
+        source: a `grain.MapDataset`, a Grain data source (``__len__``/``__getitem__``),
+            or a `grain.IterDataset` (streaming). Elements are 1-d token arrays or dicts
+            with ``"tokens"``. A random-access source may carry a ``lengths`` array
+            (tokens per document) so packing need not measure every document first.
+        config: an `InputConfig`.
+        sharding: the batch sharding (``engine.batch_sharding``). ``None`` yields the
+            whole batch as NumPy arrays in this process (tests, single host tools).
+
+    Iterate it for batches; ``loader.step`` is the index of the next one. `state_dict`
+    / `load_state_dict` carry the position through a checkpoint (`jaxcore.Checkpointer`
+    does this for you).
+    """
+
+    def __init__(self, source: Any, config: InputConfig, sharding: Sharding | None = None):
+        if not isinstance(config, InputConfig):
+            raise ConfigError(f"Loader(config={config!r}): pass a jaxcore.InputConfig.")
+        self.config = config
+        self.sharding = sharding
+        width = config.seq_len + 1
+        self.lo, self.hi = local_rows(sharding, config.global_batch_size, width)
+        if self.hi <= self.lo:
+            raise ConfigError(
+                f"InputConfig.global_batch_size={config.global_batch_size} leaves process "
+                f"{jax.process_index()} no rows; use a multiple of the data-parallel ways."
+            )
+        self.streaming = isinstance(source, grain.IterDataset)
+        if not self.streaming and not (
+            hasattr(source, "__len__") and hasattr(source, "__getitem__")
+        ):
+            raise ConfigError(
+                f"Loader(source={type(source).__name__}): pass a grain.MapDataset, a Grain "
+                "data source (with __len__ and __getitem__) or a grain.IterDataset."
+            )
+        self.step = 0
+        self._source = source
+        self._rows = (
+            None if self.streaming else _Rows(source, config, getattr(source, "lengths", None))
+        )
+        self._iter: Any = None
+        self._stream_state: Any = None
+
+    # ----------------------------------------------------------------- position
+    @property
+    def rows_per_epoch(self) -> int | None:
+        """Rows in one epoch (random-access sources), ``None`` for streams."""
+        return None if self._rows is None else self._rows.rows_per_epoch
+
+    def state_dict(self) -> dict[str, Any]:
+        """The position as JSON-able data (for streams, this process's Grain state)."""
+        cfg = self.config
+        out: dict[str, Any] = {
+            "kind": "stream" if self.streaming else "random_access",
+            "step": self.step,
+            "seed": cfg.seed,
+            "global_batch_size": cfg.global_batch_size,
+            "seq_len": cfg.seq_len,
+            "mode": cfg.mode,
+        }
+        if self.streaming:
+            self._ensure_iter()
+            out["grain_state"] = self._iter.get_state()
+        else:
+            out["num_documents"] = self._rows.n
+        return out
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Continue from a saved position (the next batch is the one after it)."""
+        cfg = self.config
+        kind = "stream" if self.streaming else "random_access"
+        if state.get("kind") != kind:
+            raise ConfigError(
+                f"the saved input position is for a {state.get('kind')} source but this "
+                f"loader reads a {kind} source; resume with the same kind of source."
+            )
+        for key in ("seed", "global_batch_size", "seq_len", "mode"):
+            if state.get(key) != getattr(cfg, key):
+                raise ConfigError(
+                    f"InputConfig.{key}={getattr(cfg, key)!r} differs from the checkpoint's "
+                    f"{state.get(key)!r}: the saved position would point at different data. "
+                    f"Resume with {key}={state.get(key)!r}."
+                )
+        if not self.streaming and state.get("num_documents") != self._rows.n:
+            raise ConfigError(
+                f"the source has {self._rows.n} documents but the checkpoint was written "
+                f"with {state.get('num_documents')}; resume with the same source."
+            )
+        self.close()
+        self.step = int(state["step"])
+        if self.streaming:
+            self._stream_state = state["grain_state"]
+
+    def seek(self, step: int) -> None:
+        """Position a random-access loader at ``step`` (the next batch yielded)."""
+        if self.streaming:
+            raise ConfigError("Loader.seek: a streaming source can only resume from its state.")
+        self.close()
+        self.step = int(step)
+
+    # ----------------------------------------------------------------- batches
+    def local_batch(self, step: int) -> dict[str, np.ndarray]:
+        """This process's rows of global batch ``step`` (random-access sources)."""
+        if self._rows is None:
+            raise ConfigError("Loader.local_batch needs a random-access source.")
+        return _LocalBatch(self._rows, self.config.global_batch_size, self.lo, self.hi)(step)
+
+    def _ensure_iter(self) -> None:
+        if self._iter is not None:
+            return
+        cfg = self.config
+        if self.streaming:
+            self._iter = iter(self._stream_dataset())
+            if self._stream_state is not None:
+                self._iter.set_state(self._stream_state)
+                self._stream_state = None
+            return
+        fn = _LocalBatch(self._rows, cfg.global_batch_size, self.lo, self.hi)
+        ds = grain.MapDataset.range(self.step, 2**62).map(fn)
+        it_ds = ds.to_iter_dataset(
+            grain.ReadOptions(num_threads=cfg.num_threads, prefetch_buffer_size=cfg.prefetch)
+        )
+        if cfg.worker_count:
+            it_ds = it_ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=cfg.worker_count))
+        self._iter = iter(it_ds)
+
+    def _stream_dataset(self) -> grain.IterDataset:
+        cfg = self.config
+        ds: grain.IterDataset = self._source
+        count, index = jax.process_count(), jax.process_index()
+        if cfg.shard_stream and count > 1:
+            ds = ds.map_with_index(lambda i, x: (i, x))
+            ds = ds.filter(lambda t: t[0] % count == index).map(lambda t: t[1])
+        width = cfg.seq_len + 1
+        if cfg.mode == "pad":
+            ds = ds.map(_PadMap(width, cfg.pad_id))
+        else:
+            ds = ds.map(_AsTokens(cfg.eos_id))
+            ds = grain.experimental.ConcatThenSplitIterDataset(ds, length_struct={"tokens": width})
+            ds = ds.map(_Unsegment())
+        ds = ds.batch(self.hi - self.lo, drop_remainder=True)
+        if cfg.worker_count:
+            ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=cfg.worker_count))
+        else:
+            ds = grain.experimental.ThreadPrefetchIterDataset(ds, prefetch_buffer_size=cfg.prefetch)
+        return ds
+
+    def __iter__(self) -> Iterator[Any]:
+        return self
+
+    def __next__(self) -> Any:
+        self._ensure_iter()
+        local = next(self._iter)
+        self.step += 1
+        return self.to_global(local)
+
+    def to_global(self, local: dict[str, np.ndarray]) -> Any:
+        """This process's rows -> global arrays on ``sharding`` (NumPy when it is None)."""
+        if self.sharding is None:
+            return local
+        shape = (self.config.global_batch_size, self.config.seq_len + 1)
+        return {
+            k: jax.make_array_from_process_local_data(self.sharding, v, shape)
+            for k, v in local.items()
+        }
+
+    def close(self) -> None:
+        """Stop the prefetch threads or workers (a new iterator starts on next use)."""
+        it, self._iter = self._iter, None
+        if it is not None and hasattr(it, "close"):
+            it.close()
+
+
+# --------------------------------------------------------------------- demo source
+class StdlibSource(grain.sources.RandomAccessDataSource):
+    """Byte-level documents: the Python standard library's own ``.py`` files.
+
+    A demo corpus every machine has: ~1,800 files, ~30 MB on CPython 3.11, in sorted
+    path order (deterministic), each document the file's bytes as int32 token ids
+    (vocabulary 256). ``lengths`` comes from file sizes, so packing needs no pass.
+    """
+
+    def __init__(self, root: str | None = None, *, max_files: int | None = None):
+        self.root = str(root or sysconfig.get_paths()["stdlib"])
+        base = pathlib.Path(self.root)
+        skip = {"site-packages", "dist-packages", "__pycache__"}
+        files = sorted(
+            str(p.relative_to(base))
+            for p in base.rglob("*.py")
+            if p.is_file() and not skip.intersection(p.relative_to(base).parts)
+        )
+        if max_files is not None:
+            files = files[:max_files]
+        if not files:
+            raise ConfigError(f"StdlibSource: no .py files under {self.root}.")
+        self.files: Sequence[str] = tuple(files)
+        self.lengths = np.array([(base / f).stat().st_size for f in self.files], np.int64)
+
+    def __len__(self) -> int:
+        return len(self.files)
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        data = (pathlib.Path(self.root) / self.files[index]).read_bytes()
+        return np.frombuffer(data, np.uint8).astype(np.int32)
+
+    def __repr__(self) -> str:
+        return f"StdlibSource({self.root!r}, files={len(self.files)})"
+
+
+def stdlib_source(*, max_files: int | None = None) -> StdlibSource:
+    """The standard library's ``.py`` files as a byte-level random-access Grain source."""
+    return StdlibSource(max_files=max_files)

@@ -1,0 +1,219 @@
+"""torch ``Dataset``/``DataLoader`` -> Grain -> global sharded batches, resumable exactly.
+
+`DatasetSource` makes a map-style ``torch.utils.data.Dataset`` a Grain random-access
+source (``__len__``/``__getitem__``, NumPy records, a stable ``repr`` so a checkpointed
+position is checked against the same data). It feeds ``grain.MapDataset.source`` and so
+any Grain-based loader (``jaxcore.input`` included).
+
+`TorchLoader` carries a ``DataLoader``'s batch size, shuffle, ``drop_last`` and
+``collate_fn`` over: epoch *e* visits the same indices in the same batches as the
+DataLoader's *e*-th ``iter()`` (it replays torch's RNG draws: the base-seed draw, then
+``randperm``, from the loader's generator, or from the global RNG as captured when the
+bridge was built). Batches come out as global ``jax.Array``s sharded over the engine's
+data axes. Its state, ``{"epoch", "batch", "rng"}`` (JSON-able), restores the exact
+position. With several processes, process *p* loads torch batch ``k * P + p`` of each
+step *k* (Accelerate's ``BatchSamplerShard``), so ``batch_size`` is per process.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import grain
+import jax
+import numpy as np
+
+import jaxcore as jc
+from torchbridge.errors import UnsupportedError
+from torchbridge.module import to_numpy
+
+log = logging.getLogger(__name__)
+
+
+def numpy_tree(x: Any) -> Any:
+    """Torch tensors (in any nesting of dicts, lists and tuples) as NumPy arrays."""
+    import torch
+    from torch.utils import _pytree
+
+    return _pytree.tree_map(
+        lambda v: to_numpy(v) if isinstance(v, torch.Tensor) else v,
+        x,
+    )
+
+
+class DatasetSource:
+    """A map-style torch ``Dataset`` as a Grain ``RandomAccessDataSource``.
+
+    ``numpy=True`` (default) converts each record's tensors to NumPy (what Grain
+    pipelines expect); ``numpy=False`` returns records as the dataset does, for a torch
+    ``collate_fn``. ``name`` fixes the identity Grain checkpoints record (default: the
+    dataset's class name and length).
+    """
+
+    def __init__(self, dataset: Any, *, name: str | None = None, numpy: bool = True):
+        if not hasattr(dataset, "__getitem__") or not hasattr(dataset, "__len__"):
+            raise UnsupportedError(
+                f"DatasetSource: {type(dataset).__name__} is not a map-style Dataset "
+                "(needs __len__ and __getitem__); IterableDataset is not supported."
+            )
+        self.dataset = dataset
+        self.numpy = numpy
+        self.name = name or f"{type(dataset).__module__}.{type(dataset).__qualname__}"
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, index: int) -> Any:
+        record = self.dataset[int(index)]
+        return numpy_tree(record) if self.numpy else record
+
+    def __repr__(self) -> str:
+        return f"DatasetSource(name={self.name!r}, len={len(self)})"
+
+
+def _encode(state: Any) -> str:
+    return base64.b64encode(bytes(state.numpy().tobytes())).decode("ascii")
+
+
+def _decode(text: str) -> Any:
+    import torch
+
+    return torch.frombuffer(bytearray(base64.b64decode(text)), dtype=torch.uint8)
+
+
+class TorchLoader:
+    """Iterate a ``DataLoader``'s batches as global sharded arrays, with exact resume.
+
+    Args:
+        dataloader: a ``torch.utils.data.DataLoader`` over a map-style dataset, with the
+            default sequential or random (no replacement) sampler.
+        engine: batches go through ``engine.shard_batch``; ``None`` yields NumPy.
+        num_epochs: stop after this many epochs (``None``: run forever).
+        prefetch: batches Grain prepares ahead in background threads.
+    """
+
+    def __init__(
+        self,
+        dataloader: Any,
+        engine: jc.Engine | None = None,
+        *,
+        num_epochs: int | None = None,
+        prefetch: int = 2,
+    ):
+        import torch
+        from torch.utils.data import RandomSampler, SequentialSampler
+
+        if dataloader.batch_size is None:
+            raise UnsupportedError("TorchLoader: DataLoader(batch_size=None) is not supported.")
+        sampler = dataloader.sampler
+        if isinstance(sampler, RandomSampler):
+            if sampler.replacement or sampler._num_samples is not None:
+                raise UnsupportedError(
+                    "TorchLoader: RandomSampler with replacement or num_samples is not "
+                    "supported; use shuffle=True."
+                )
+            self.shuffle = True
+        elif isinstance(sampler, SequentialSampler):
+            self.shuffle = False
+        else:
+            raise UnsupportedError(
+                f"TorchLoader: sampler {type(sampler).__name__} is not supported; use "
+                "DataLoader(shuffle=True/False)."
+            )
+        self.dataloader = dataloader
+        self.engine = engine
+        self.batch_size = dataloader.batch_size
+        self.drop_last = dataloader.drop_last
+        self.collate_fn = dataloader.collate_fn
+        self.source = DatasetSource(dataloader.dataset, numpy=False)
+        self.num_epochs = num_epochs
+        self.prefetch = prefetch
+        self._own_generator = dataloader.generator is not None
+        gen_state = (
+            dataloader.generator.get_state() if self._own_generator else torch.get_rng_state()
+        )
+        self._state = {"epoch": 0, "batch": 0, "rng": _encode(gen_state)}
+
+    # ------------------------------------------------------------------ order
+    def _epoch_batches(self, rng_state: str) -> tuple[list[list[int]], str]:
+        """This epoch's batches of indices, and the RNG state the next epoch starts from."""
+        import torch
+
+        n = len(self.source)
+        gen = torch.Generator()
+        gen.set_state(_decode(rng_state))
+        torch.empty((), dtype=torch.int64).random_(generator=gen)  # the iterator's base seed
+        if self.shuffle:
+            if self._own_generator:
+                order = torch.randperm(n, generator=gen).tolist()
+                # RandomSampler.__iter__ ends with `randperm(n)[: num_samples % n]`, which
+                # still draws a full permutation when the epoch is exhausted (torch 2.13).
+                torch.randperm(n, generator=gen)
+            else:  # RandomSampler seeds a fresh generator from the global RNG
+                seed = int(torch.empty((), dtype=torch.int64).random_(generator=gen).item())
+                order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
+        else:
+            order = list(range(n))
+        size = self.batch_size
+        batches = [order[i : i + size] for i in range(0, n, size)]
+        if self.drop_last and batches and len(batches[-1]) < size:
+            batches.pop()
+        return batches, _encode(gen.get_state())
+
+    def _process_batches(self, batches: list[list[int]]) -> list[list[int]]:
+        procs, me = jax.process_count(), jax.process_index()
+        if procs == 1:
+            return batches
+        steps = len(batches) // procs
+        return [batches[k * procs + me] for k in range(steps)]
+
+    # ------------------------------------------------------------------ state
+    def get_state(self) -> dict[str, Any]:
+        """The position: epoch, batch within it, and the RNG state the epoch started from."""
+        return dict(self._state)
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Resume from a `get_state` result (next batch yielded is the one after it)."""
+        missing = {"epoch", "batch", "rng"} - set(state)
+        if missing:
+            raise jc.ConfigError(f"TorchLoader.set_state: state lacks {sorted(missing)}.")
+        self._state = {"epoch": int(state["epoch"]), "batch": int(state["batch"]), **state}
+
+    def __len__(self) -> int:
+        """Steps per epoch."""
+        n, size = len(self.source), self.batch_size
+        per = n // size if self.drop_last else -(-n // size)
+        return per // jax.process_count()
+
+    # ------------------------------------------------------------------ iteration
+    def _collate(self, indices: list[int]) -> Any:
+        return numpy_tree(self.collate_fn([self.source[i] for i in indices]))
+
+    def __iter__(self) -> Iterator[Any]:
+        while self.num_epochs is None or self._state["epoch"] < self.num_epochs:
+            batches, next_rng = self._epoch_batches(self._state["rng"])
+            mine = self._process_batches(batches)
+            dataset = (
+                grain.MapDataset.source(mine)
+                .map(self._collate)
+                .to_iter_dataset(
+                    grain.ReadOptions(num_threads=1, prefetch_buffer_size=self.prefetch)
+                )
+            )
+            it = iter(dataset)
+            start = self._state["batch"]
+            if start:
+                it.set_state({"next_index": start})
+            for k in range(start, len(mine)):
+                batch = next(it)
+                self._state = {**self._state, "batch": k + 1}
+                yield batch if self.engine is None else self.engine.shard_batch(batch)
+            self._state = {"epoch": self._state["epoch"] + 1, "batch": 0, "rng": next_rng}
+
+
+def as_numpy_batch(batch: Any) -> Any:
+    """A batch as host NumPy (for comparisons and logging)."""
+    return jax.tree.map(lambda x: np.asarray(jax.device_get(x)), batch)

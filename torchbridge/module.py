@@ -1,0 +1,493 @@
+"""A `torch.nn.Module` as the engine's model form, run on JAX through torchax.
+
+`from_torch(module)` returns a `jaxcore.ModelAdapter`:
+
+- params: the trainable parameters as a nested dict keyed by the torch names split on
+  ``.`` (``layers.0.q_proj.weight`` -> ``params["layers"]["0"]["q_proj"]["weight"]``), so
+  regex parameter rules see the path ``layers/0/q_proj/weight``. Tied parameters appear
+  once, under their first name (as ``module.parameters()`` lists them).
+- model_state: buffers (and frozen parameters), updated by the step: train-mode BatchNorm
+  writes its running statistics back (torchax 0.0.13 computes them but drops them).
+- bind: returns a `BoundModule`; calling it runs the torch ``forward`` on JAX values
+  (tracers inside the jitted step) and returns JAX arrays.
+- logical_axes: ``None`` (torch parameters carry no names): the engine's automatic rule
+  shards them over ``fsdp``; `torchbridge.sharding` adds tensor-parallel regex rules.
+
+Randomness: ``model(x, rng=key)`` makes torch's random ops (dropout) draw from ``key``,
+the per-step key the engine passes to the loss function; ``rng=None`` runs the module in
+eval mode (what ``engine.eval_step`` asks for). The idea of a functional call with
+swapped-in parameters is torch.func's ``functional_call`` (used through torchax's
+``JittableModule``); the key-per-call design follows Flax's explicit RNG streams.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jaxcore as jc
+from torchbridge import _compat
+from torchbridge.errors import UnsupportedError, UntraceableError
+
+log = logging.getLogger(__name__)
+
+# JAX errors that mean "this value was needed on the host while tracing".
+_DATA_DEPENDENT = (
+    jax.errors.ConcretizationTypeError,
+    jax.errors.TracerBoolConversionError,
+    jax.errors.TracerIntegerConversionError,
+    jax.errors.TracerArrayConversionError,
+    jax.errors.NonConcreteBooleanIndexError,
+)
+
+
+# ----------------------------------------------------------------------------- conversion
+def to_numpy(t: Any) -> np.ndarray:
+    """A torch tensor as a NumPy array JAX accepts (64-bit narrowed unless x64 is on)."""
+    import torch
+
+    t = t.detach().cpu()
+    if t.dtype == torch.bfloat16:
+        import ml_dtypes
+
+        return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    a = t.numpy()
+    if not jax.config.jax_enable_x64:
+        if a.dtype == np.int64:
+            a = a.astype(np.int32)
+        elif a.dtype == np.float64:
+            a = a.astype(np.float32)
+    return a
+
+
+def nest(flat: dict[str, Any]) -> dict[str, Any]:
+    """``{"a.b": x}`` -> ``{"a": {"b": x}}``."""
+    out: dict[str, Any] = {}
+    for name, value in flat.items():
+        node = out
+        *parents, leaf = name.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+        node[leaf] = value
+    return out
+
+
+def flatten(tree: Any, prefix: str = "") -> dict[str, Any]:
+    """The inverse of `nest`."""
+    if not isinstance(tree, dict):
+        return {prefix: tree}
+    out: dict[str, Any] = {}
+    for k, v in tree.items():
+        out.update(flatten(v, f"{prefix}.{k}" if prefix else str(k)))
+    return out
+
+
+# ----------------------------------------------------------------------------- the spec
+@dataclasses.dataclass(frozen=True)
+class ModuleSpec:
+    """What the bridge knows about a torch module's tensors (for state dicts, ties, dtypes).
+
+    Attributes:
+        params: trainable parameter names (ties removed), in ``named_parameters`` order.
+        state: buffer and frozen-parameter names (the model_state leaves).
+        aliases: tied name -> the name it shares storage with.
+        dtypes: torch dtype per name (params, state and aliases).
+        shapes: shape per name.
+        state_dict_keys: the keys of ``module.state_dict()`` (persistent buffers only).
+    """
+
+    params: tuple[str, ...]
+    state: tuple[str, ...]
+    aliases: dict[str, str]
+    dtypes: dict[str, Any]
+    shapes: dict[str, tuple[int, ...]]
+    state_dict_keys: tuple[str, ...]
+
+    @classmethod
+    def of(cls, module: Any) -> ModuleSpec:
+        first: dict[int, str] = {}
+        params, state, aliases, dtypes, shapes = [], [], {}, {}, {}
+        for name, p in module.named_parameters(remove_duplicate=False):
+            dtypes[name], shapes[name] = p.dtype, tuple(p.shape)
+            if id(p) in first:
+                aliases[name] = first[id(p)]
+                continue
+            first[id(p)] = name
+            (params if p.requires_grad else state).append(name)
+        for name, b in module.named_buffers(remove_duplicate=False):
+            dtypes[name], shapes[name] = b.dtype, tuple(b.shape)
+            if id(b) in first:
+                aliases[name] = first[id(b)]
+                continue
+            first[id(b)] = name
+            state.append(name)
+        return cls(
+            params=tuple(params),
+            state=tuple(state),
+            aliases=aliases,
+            dtypes=dtypes,
+            shapes=shapes,
+            state_dict_keys=tuple(module.state_dict(keep_vars=True).keys()),
+        )
+
+
+# ----------------------------------------------------------------------------- environment
+def _batch_norm_writing_back(env: Any) -> Callable:
+    """``native_batch_norm`` that updates the running statistics in place (as torch does).
+
+    torchax 0.0.13 computes new running stats but returns them nowhere, and uses the biased
+    variance; torch updates ``running_var`` with the unbiased one (``n / (n - 1)``).
+    """
+
+    def batch_norm(x, weight, bias, running_mean, running_var, training, momentum, eps):
+        xj = x.jax()
+        dims = (0, *range(2, xj.ndim))
+        shape = (1, -1) + (1,) * (xj.ndim - 2)
+        x32 = xj.astype(jnp.float32)
+        if training or running_mean is None:
+            mean = jnp.mean(x32, axis=dims)
+            var = jnp.var(x32, axis=dims)
+            if training and running_mean is not None:
+                n = xj.size // xj.shape[1]
+                m = momentum
+                new_mean = (1 - m) * running_mean.jax() + m * jax.lax.stop_gradient(mean)
+                unbiased = jax.lax.stop_gradient(var) * (n / max(n - 1, 1))
+                new_var = (1 - m) * running_var.jax() + m * unbiased
+                running_mean._elem = new_mean.astype(running_mean.jax().dtype)
+                running_var._elem = new_var.astype(running_var.jax().dtype)
+        else:
+            mean = running_mean.jax().astype(jnp.float32)
+            var = running_var.jax().astype(jnp.float32)
+        rstd = jax.lax.rsqrt(var + eps)
+        y = (x32 - mean.reshape(shape)) * rstd.reshape(shape)
+        if weight is not None:
+            y = y * weight.jax().reshape(shape)
+        if bias is not None:
+            y = y + bias.jax().reshape(shape)
+        saved = (mean, rstd) if training else (jnp.zeros((0,), xj.dtype),) * 2
+        return env.j2t_iso((y.astype(xj.dtype), *saved))
+
+    return batch_norm
+
+
+class _OpFailure:
+    """Records which op raised first (innermost), for the untraceable-model error."""
+
+    def __init__(self):
+        self.local = threading.local()
+
+    @property
+    def op(self) -> str | None:
+        return getattr(self.local, "op", None)
+
+    @op.setter
+    def op(self, value: str | None) -> None:
+        self.local.op = value
+
+
+_failure = _OpFailure()
+_env_lock = threading.Lock()
+_env: Any = None
+
+
+def _op_name(func: Any) -> str:
+    name = getattr(func, "name", None)
+    if callable(name):
+        return name()
+    return getattr(func, "__name__", str(func))
+
+
+def environment() -> Any:
+    """The bridge's own torchax `Environment` (the global default one is left alone)."""
+    global _env
+    with _env_lock:
+        if _env is not None:
+            return _env
+        torchax = _compat.load_torchax()
+        import torch
+        from torchax import tensor
+
+        class Environment(tensor.Environment):
+            # Inside a bridged call every tensor lives on JAX: constructors such as
+            # `torch.arange(t)` (default device cpu) and `.to("cpu")` must not leave it.
+            def _should_use_torchax_tensor(self, device):
+                return True
+
+            def _is_same_device(self, the_tensor, new_device):
+                return True
+
+            def dispatch(self, func, types, args, kwargs):
+                try:
+                    return super().dispatch(func, types, args, kwargs)
+                except _DATA_DEPENDENT:
+                    if _failure.op is None:
+                        _failure.op = _op_name(func)
+                    raise
+
+        env = Environment()
+        bn = _batch_norm_writing_back(env)
+        for op in (torch.ops.aten.native_batch_norm.default,):
+            env.override_op_definition(op, bn)
+        legit = torch.ops.aten._native_batch_norm_legit.default
+        env.override_op_definition(legit, bn)
+        log.debug("torchax %s environment ready", torchax.__version__)
+        _env = env
+        return env
+
+
+# ----------------------------------------------------------------------------- calling
+@contextlib.contextmanager
+def _module_stack(root: Any) -> Iterator[list[str]]:
+    """Track which submodule is running (for error messages), with global forward hooks."""
+    from torch.nn.modules import module as torch_module
+
+    names = {id(m): n for n, m in root.named_modules()}
+    stack: list[str] = []
+
+    def pre(mod, _inputs):
+        if id(mod) in names:
+            stack.append(names[id(mod)])
+
+    def post(mod, _inputs, _outputs):
+        if id(mod) in names and stack:
+            stack.pop()
+
+    handles = (
+        torch_module.register_module_forward_pre_hook(pre),
+        torch_module.register_module_forward_hook(post),
+    )
+    try:
+        yield stack
+    finally:
+        for h in handles:
+            h.remove()
+
+
+@contextlib.contextmanager
+def _mode(root: Any, train: bool) -> Iterator[None]:
+    flags = [(m, m.training) for m in root.modules()]
+    if not train:
+        root.eval()
+    try:
+        yield
+    finally:
+        for m, flag in flags:
+            m.training = flag
+
+
+@contextlib.contextmanager
+def _keyed(env: Any, rng: jax.Array | None) -> Iterator[None]:
+    """Make torchax's random ops split ``rng`` (a per-step key), not its global key."""
+    from torchax import tensor
+
+    old = env._property.content
+    key = rng if rng is not None else _NO_KEY
+    env._property.content = tensor.RuntimeProperty(
+        mesh=old.mesh, prng=key, autocast_dtype=old.autocast_dtype
+    )
+    try:
+        yield
+    finally:
+        env._property.content = old
+
+
+class _NoKey:
+    """In eval mode (``rng=None``) no random op should run; if one does, say why."""
+
+    def __getattr__(self, name):
+        raise UnsupportedError(
+            "torchbridge: a random torch op ran while the model was called without a key. "
+            "Pass the loss function's key: `model(inputs, rng=rng)`."
+        )
+
+
+_NO_KEY = _NoKey()
+
+
+_OP_HINTS = {
+    "_local_scalar_dense": " (a tensor read as a Python number: `.item()`, `float(t)` or `if t:`)",
+    "__getitem__": " (indexing with a boolean mask or data-dependent indices)",
+    "nonzero": " (its output size depends on the data)",
+}
+
+
+def _untraceable(stack: list[str], root: Any, op: str | None, err: Exception) -> UntraceableError:
+    where = stack[-1] if stack else ""
+    sub = root.get_submodule(where) if where else root
+    label = f"'{where}'" if where else "(the root module)"
+    op = op or "a tensor-to-Python conversion"
+    hint = next((h for key, h in _OP_HINTS.items() if key in op), "")
+    return UntraceableError(
+        f"torchbridge: module {label} ({type(sub).__name__}) calls {op}{hint}, whose result "
+        "depends on tensor values (a data-dependent shape, `.item()`, or a Python `if` "
+        "on a tensor). XLA compiles one static program per shape, so this cannot be "
+        "traced. Rewrite it with static shapes: `torch.where(mask, x, 0)` instead of "
+        "`x[mask]` or `nonzero()`, and tensor ops instead of `.item()`/`if tensor:`. "
+        f"(JAX said: {type(err).__name__})",
+        module=where,
+        op=op,
+    )
+
+
+class BoundModule:
+    """A torch module bound to JAX parameters: what the engine's loss function receives.
+
+    ``bound(*inputs, rng=key, **kw)`` runs ``forward`` and returns JAX arrays;
+    ``bound.call(fn, *inputs, rng=key)`` runs ``fn(module, *inputs)`` (e.g. forward plus a
+    torch loss) the same way. The updated buffers are read by the engine afterwards.
+    """
+
+    def __init__(self, bridge: TorchModel, params: Any, model_state: Any):
+        self._bridge = bridge
+        self._params = params
+        self._state = model_state
+
+    @property
+    def module(self) -> Any:
+        """The torch module (its own tensors are not used while bound)."""
+        return self._bridge.module
+
+    @property
+    def model_state(self) -> Any:
+        """Buffers after the latest call (the ones bound if it was never called)."""
+        return self._state
+
+    def __call__(self, *args: Any, rng: jax.Array | None = None, **kwargs: Any) -> Any:
+        return self.call(None, *args, rng=rng, **kwargs)
+
+    def call(
+        self, fn: Callable | None, *args: Any, rng: jax.Array | None = None, **kwargs: Any
+    ) -> Any:
+        """Run ``fn(module, *args, **kwargs)`` (``forward`` when ``fn`` is None) on JAX."""
+        import torch
+        from torch.nn.utils import stateless
+
+        bridge = self._bridge
+        spec, env, root = bridge.spec, bridge.env, bridge.module
+        flat_p, flat_s = flatten(self._params), flatten(self._state)
+        tensors = env.j2t_iso({**flat_p, **flat_s})
+        for alias, name in spec.aliases.items():
+            tensors[alias] = tensors[name]
+        args, kwargs = jax.tree.map(
+            lambda a: jnp.asarray(a) if isinstance(a, np.ndarray | np.generic) else a,
+            (args, kwargs),
+        )
+        targs, tkwargs = env.j2t_iso((args, kwargs))
+        train = root.training and rng is not None
+        fastpath = torch.backends.mha.get_fastpath_enabled()
+        _failure.op = None
+        with (
+            bridge.lock,
+            _mode(root, train),
+            _keyed(env, rng),
+            _module_stack(root) as stack,
+        ):
+            torch.backends.mha.set_fastpath_enabled(False)
+            try:
+                with env, stateless._reparametrize_module(root, tensors):
+                    out = root(*targs, **tkwargs) if fn is None else fn(root, *targs, **tkwargs)
+                    out = env.t2j_iso(out)
+            except _DATA_DEPENDENT as e:
+                raise _untraceable(stack, root, _failure.op, e) from e
+            except Exception as e:
+                if stack:
+                    e.add_note(f"torchbridge: raised inside module '{stack[-1]}'")
+                raise
+            finally:
+                torch.backends.mha.set_fastpath_enabled(fastpath)
+        # Keep each buffer's shape and dtype (torchax may return `x.add_(1)` on a 0-d
+        # buffer as shape (1,)); the engine's step needs a fixed model_state structure.
+        self._state = nest(
+            {
+                n: jnp.reshape(tensors[n].jax(), flat_s[n].shape).astype(flat_s[n].dtype)
+                for n in spec.state
+            }
+        )
+        return out
+
+
+# ----------------------------------------------------------------------------- the adapter
+class TorchModel:
+    """A torch module prepared for the engine: its spec, torchax environment and arrays."""
+
+    def __init__(self, module: Any):
+        import torch
+
+        if not isinstance(module, torch.nn.Module):
+            raise jc.ConfigError(
+                f"from_torch(module): got {type(module).__name__}; pass a torch.nn.Module."
+            )
+        self.module = module
+        self.env = environment()
+        self.spec = ModuleSpec.of(module)
+        self.lock = threading.RLock()
+        tensors = dict(module.named_parameters())
+        tensors.update(module.named_buffers())
+        self._check_supported(module)
+        self.initial = (
+            nest({n: to_numpy(tensors[n]) for n in self.spec.params}),
+            nest({n: to_numpy(tensors[n]) for n in self.spec.state}),
+        )
+
+    @staticmethod
+    def _check_supported(module: Any) -> None:
+        import torch
+
+        for name, m in module.named_modules():
+            if (
+                isinstance(m, torch.nn.modules.batchnorm._BatchNorm)
+                and m.training
+                and m.track_running_stats
+                and m.momentum is None
+            ):
+                raise UnsupportedError(
+                    f"torchbridge: BatchNorm '{name}' has momentum=None (a cumulative average "
+                    "that reads num_batches_tracked on the host each step). Give it a float "
+                    "momentum, e.g. 0.1."
+                )
+
+    def adapter(self) -> jc.ModelAdapter:
+        """The `jaxcore.ModelAdapter` the engine's ``prepare`` accepts."""
+        shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), self.initial)
+        initial = self.initial
+
+        def init(key: jax.Array) -> tuple[Any, Any]:
+            del key  # the torch module was initialised by torch
+            return initial
+
+        return jc.ModelAdapter(
+            init=init,
+            bind=lambda params, state: BoundModule(self, params, state),
+            state_of=lambda bound: bound.model_state,
+            abstract=shapes,
+            logical_axes=None,
+            initial=initial,
+        )
+
+
+_REGISTRY: dict[Any, ModuleSpec] = {}
+
+
+def from_torch(module: Any) -> jc.ModelAdapter:
+    """Turn a ``torch.nn.Module`` into a `jaxcore.ModelAdapter` (see the module docstring).
+
+    The module's parameter values become the initial parameters (torch initialised
+    them); the engine places them in their shards.
+    """
+    model = TorchModel(module)
+    adapter = model.adapter()
+    _REGISTRY[jax.tree.structure(model.initial[0])] = model.spec
+    return adapter
+
+
+def spec_for(params: Any) -> ModuleSpec | None:
+    """The spec of the bridged module whose parameter tree has this structure, if any."""
+    return _REGISTRY.get(jax.tree.structure(params))

@@ -1,0 +1,249 @@
+"""torch optimizers and LR schedulers as optax transformations with the same update rule.
+
+`to_optax(optimizer, module, scheduler=None)` reads the hyperparameters out of a built
+``torch.optim`` optimizer (so torch's defaults apply: AdamW's ``weight_decay`` is 0.01,
+not optax's 1e-4) and builds the optax chain that computes the same update:
+
+=========  ==============================================================================
+torch      optax
+=========  ==============================================================================
+SGD        ``add_decayed_weights(wd)`` (L2 into the gradient), ``trace(momentum,
+           nesterov)`` (torch's buffer starts at the first gradient, as optax's trace
+           from zero does), ``scale(-lr)``
+Adam       ``add_decayed_weights(wd)``, ``scale_by_adam(b1, b2, eps)``, ``scale(-lr)``
+AdamW      ``scale_by_adam``, ``add_decayed_weights(wd)`` (decoupled), ``scale(-lr)``:
+           ``p - lr * (adam + wd * p)`` is torch's ``p * (1 - lr * wd) - lr * adam``
+=========  ==============================================================================
+
+Learning rates (and, for OneCycleLR, the momentum / ``beta1``) are injected per step with
+``optax.inject_hyperparams``. A scheduler is read as stepped once per optimizer step
+(``scheduler.step()`` after each ``optimizer.step()``), the usual per-iteration form;
+its closed form below matches torch's recursive one. Parameter groups map to
+``optax.multi_transform`` labels by parameter identity.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax.numpy as jnp
+import optax
+
+from torchbridge.errors import UnsupportedError
+from torchbridge.module import ModuleSpec, nest
+
+Schedule = Callable[[Any], Any]
+
+_SGD_OK = {"lr", "momentum", "dampening", "weight_decay", "nesterov", "maximize"}
+_ADAM_OK = {"lr", "betas", "eps", "weight_decay", "amsgrad", "maximize"}
+# Options that change speed or memory, not the update.
+_IGNORED = {
+    "foreach",
+    "fused",
+    "capturable",
+    "differentiable",
+    "params",
+    "initial_lr",
+    "decoupled_weight_decay",
+    "max_lr",
+    "min_lr",
+    "base_momentum",
+    "max_momentum",
+}
+
+
+# ----------------------------------------------------------------------------- schedulers
+def schedule_of(scheduler: Any, group: int) -> tuple[Schedule, Schedule | None]:
+    """``(lr(count), beta1_or_momentum(count) or None)`` for one parameter group."""
+    from torch.optim import lr_scheduler as S
+
+    kind = type(scheduler).__name__
+    offset = scheduler.last_epoch  # steps already taken before prepare
+    base = float(scheduler.base_lrs[group])
+
+    if isinstance(scheduler, S.StepLR):
+        size, gamma = scheduler.step_size, scheduler.gamma
+        return lambda n: base * gamma ** ((n + offset) // size), None
+    if isinstance(scheduler, S.CosineAnnealingLR):
+        t_max, eta_min = scheduler.T_max, scheduler.eta_min
+        return (
+            lambda n: eta_min + (base - eta_min) * (1 + jnp.cos(jnp.pi * (n + offset) / t_max)) / 2
+        ), None
+    if isinstance(scheduler, S.LinearLR):
+        start, end, total = scheduler.start_factor, scheduler.end_factor, scheduler.total_iters
+        return (
+            lambda n: base * (start + (end - start) * jnp.minimum(n + offset, total) / total)
+        ), None
+    if isinstance(scheduler, S.OneCycleLR):
+        return _one_cycle(scheduler, group, offset)
+    raise UnsupportedError(
+        f"torchbridge: LR scheduler {kind} is not supported; use StepLR, CosineAnnealingLR, "
+        "LinearLR or OneCycleLR, or pass an optax schedule yourself."
+    )
+
+
+def _one_cycle(scheduler: Any, group: int, offset: int) -> tuple[Schedule, Schedule | None]:
+    """torch's OneCycleLR phases, evaluated in closed form at step ``n``."""
+    opt_group = scheduler.optimizer.param_groups[group]
+    cos = scheduler._anneal_func_type == "cos"
+    phases = scheduler._schedule_phases
+    initial, peak, low = opt_group["initial_lr"], opt_group["max_lr"], opt_group["min_lr"]
+    values = {"initial_lr": initial, "max_lr": peak, "min_lr": low}
+    momenta = {
+        "max_momentum": opt_group.get("max_momentum"),
+        "base_momentum": opt_group.get("base_momentum"),
+    }
+
+    def anneal(start, end, pct):
+        if cos:
+            return end + (start - end) / 2.0 * (jnp.cos(jnp.pi * pct) + 1)
+        return (end - start) * pct + start
+
+    def piecewise(table: dict, start_key: str, end_key: str) -> Schedule:
+        # torch picks the first phase whose end_step the step has not passed (the last
+        # phase catches the rest); nested `where`s from the last phase inwards do the same.
+        bounds, begin = [], 0.0
+        for phase in phases:
+            bounds.append((begin, float(phase["end_step"]), phase))
+            begin = float(phase["end_step"])
+
+        def fn(n):
+            step = jnp.asarray(n + offset, jnp.float32)
+            out = None
+            for begin, end, phase in reversed(bounds):
+                pct = (step - begin) / (end - begin)
+                val = anneal(table[phase[start_key]], table[phase[end_key]], pct)
+                out = val if out is None else jnp.where(step <= end, val, out)
+            return out
+
+        return fn
+
+    lr = piecewise(values, "start_lr", "end_lr")
+    beta = None
+    if scheduler.cycle_momentum:
+        beta = piecewise(momenta, "start_momentum", "end_momentum")
+    return lr, beta
+
+
+# ----------------------------------------------------------------------------- optimizers
+def _check(kind: str, group: dict, allowed: set[str]) -> None:
+    for key, value in group.items():
+        if key in allowed or key in _IGNORED:
+            continue
+        raise UnsupportedError(
+            f"torchbridge: {kind} option {key}={value!r} is not supported by the bridge."
+        )
+
+
+def _sgd(learning_rate, momentum, weight_decay, *, nesterov, maximize):
+    parts = [optax.scale(-1.0)] if maximize else []
+    parts.append(optax.add_decayed_weights(weight_decay))
+    parts.append(optax.trace(decay=momentum, nesterov=nesterov))
+    parts.append(optax.scale_by_learning_rate(learning_rate))
+    return optax.chain(*parts)
+
+
+def _adam(learning_rate, b1, b2, eps, weight_decay, *, decoupled, maximize):
+    parts = [optax.scale(-1.0)] if maximize else []
+    if not decoupled:
+        parts.append(optax.add_decayed_weights(weight_decay))
+    parts.append(optax.scale_by_adam(b1=b1, b2=b2, eps=eps))
+    if decoupled:
+        parts.append(optax.add_decayed_weights(weight_decay))
+    parts.append(optax.scale_by_learning_rate(learning_rate))
+    return optax.chain(*parts)
+
+
+def _group_transform(
+    optimizer: Any, group: dict, lr: Any, beta: Any
+) -> optax.GradientTransformation:
+    import torch
+
+    kind = type(optimizer).__name__
+    maximize = bool(group.get("maximize", False))
+    if type(optimizer) is torch.optim.SGD:
+        _check(kind, group, _SGD_OK)
+        if group.get("dampening", 0):
+            raise UnsupportedError(
+                f"torchbridge: SGD dampening={group['dampening']} is not supported; use 0."
+            )
+        momentum = beta if beta is not None else float(group.get("momentum", 0.0))
+        return optax.inject_hyperparams(_sgd, static_args=("nesterov", "maximize"))(
+            learning_rate=lr,
+            momentum=momentum,
+            weight_decay=float(group["weight_decay"]),
+            nesterov=bool(group.get("nesterov", False)),
+            maximize=maximize,
+        )
+    if type(optimizer) in (torch.optim.Adam, torch.optim.AdamW):
+        _check(kind, group, _ADAM_OK)
+        if group.get("amsgrad"):
+            raise UnsupportedError(f"torchbridge: {kind}(amsgrad=True) is not supported.")
+        decoupled = type(optimizer) is torch.optim.AdamW or bool(
+            group.get("decoupled_weight_decay", False)
+        )
+        b1, b2 = group["betas"]
+        return optax.inject_hyperparams(_adam, static_args=("decoupled", "maximize"))(
+            learning_rate=lr,
+            b1=beta if beta is not None else float(b1),
+            b2=float(b2),
+            eps=float(group["eps"]),
+            weight_decay=float(group["weight_decay"]),
+            decoupled=decoupled,
+            maximize=maximize,
+        )
+    raise UnsupportedError(
+        f"torchbridge: optimizer {kind} is not supported; use torch.optim.SGD, Adam or AdamW "
+        "(or pass an optax transformation)."
+    )
+
+
+def to_optax(
+    optimizer: Any, module: Any, scheduler: Any | None = None
+) -> optax.GradientTransformation:
+    """The optax transformation with the same update as ``optimizer`` (and ``scheduler``).
+
+    ``module`` is the torch module whose parameters the optimizer holds; it maps each
+    parameter group onto the bridged parameter tree.
+    """
+    import torch
+
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise UnsupportedError(
+            f"to_optax: got {type(optimizer).__name__}; pass a torch.optim optimizer."
+        )
+    if scheduler is not None and scheduler.optimizer is not optimizer:
+        raise UnsupportedError("to_optax: the scheduler belongs to a different optimizer.")
+    spec = ModuleSpec.of(module)
+    by_id = {id(p): n for n, p in module.named_parameters()}
+    labels: dict[str, str] = {}
+    transforms = {}
+    for i, group in enumerate(optimizer.param_groups):
+        for p in group["params"]:
+            if id(p) not in by_id:
+                raise UnsupportedError(
+                    f"to_optax: parameter group {i} holds a tensor that is not a parameter "
+                    "of the module being prepared."
+                )
+            labels[by_id[id(p)]] = f"group{i}"
+        lr, beta = (float(group["lr"]), None)
+        if scheduler is not None:
+            lr, beta = schedule_of(scheduler, i)
+        transforms[f"group{i}"] = _group_transform(optimizer, group, lr, beta)
+    # Trainable parameters no group holds are not updated (torch would not touch them).
+    transforms["frozen"] = optax.set_to_zero()
+    label_tree = nest({n: labels.get(n, "frozen") for n in spec.params})
+    if len(transforms) == 2 and "frozen" not in label_tree_values(label_tree):
+        return transforms["group0"]
+    return optax.multi_transform(transforms, label_tree)
+
+
+def label_tree_values(tree: Any) -> set[str]:
+    """The set of labels in a nested label dict."""
+    if isinstance(tree, dict):
+        out: set[str] = set()
+        for v in tree.values():
+            out |= label_tree_values(v)
+        return out
+    return {tree}

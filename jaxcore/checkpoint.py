@@ -45,7 +45,6 @@ import signal
 import sys
 import threading
 import time
-import zlib
 from typing import Any
 
 import jax
@@ -53,6 +52,7 @@ import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as ocm
 
 from jaxcore import sharding as shd
+from jaxcore.checkpointing.manifest import VERIFY_MODES, check_files, write_manifest
 from jaxcore.errors import ConfigError, JaxcoreError
 from jaxcore.state import TrainState
 
@@ -62,10 +62,8 @@ log = logging.getLogger(__name__)
 # from 143 (killed by SIGTERM without saving) and from errors, so a scheduler or wrapper
 # script can requeue the job when it sees it.
 PREEMPTION_EXIT_CODE = 75
-MANIFEST = "jaxcore_manifest.json"
 DAMAGED_DIR = "damaged"
 _ITEMS = ("state", "meta", "input", "input_stream")
-_VERIFY = ("checksum", "size", "none")
 _PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "grain", "numpy")
 
 
@@ -134,8 +132,8 @@ class CheckpointConfig:
             )
         if self.best_mode not in ("min", "max"):
             raise ConfigError(f"CheckpointConfig.best_mode={self.best_mode!r}: 'min' or 'max'.")
-        if self.verify not in _VERIFY:
-            raise ConfigError(f"CheckpointConfig.verify={self.verify!r}: one of {_VERIFY}.")
+        if self.verify not in VERIFY_MODES:
+            raise ConfigError(f"CheckpointConfig.verify={self.verify!r}: one of {VERIFY_MODES}.")
 
 
 # --------------------------------------------------------------------- helpers
@@ -171,26 +169,6 @@ def _leaf_table(tree: Any) -> dict[str, list]:
         shd.path_str(p): [list(x.shape), str(x.dtype)]
         for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]
     }
-
-
-def _file_table(root: pathlib.Path, checksum: bool) -> dict[str, dict[str, int]]:
-    out = {}
-    for path in sorted(root.rglob("*")):
-        if not path.is_file() or path.name.startswith(MANIFEST):
-            continue
-        entry = {"size": path.stat().st_size}
-        if checksum:
-            entry["crc32"] = _crc32(path)
-        out[str(path.relative_to(root))] = entry
-    return out
-
-
-def _crc32(path: pathlib.Path) -> int:
-    crc = 0
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 22):
-            crc = zlib.crc32(chunk, crc)
-    return crc
 
 
 class _StreamState:
@@ -439,10 +417,7 @@ class Checkpointer:
                 return
             time.sleep(0.05)
         try:
-            table = _file_table(root, checksum=True)
-            tmp = root / f"{MANIFEST}.tmp"
-            tmp.write_text(json.dumps({"step": step, "files": table}, indent=1))
-            os.replace(tmp, root / MANIFEST)
+            write_manifest(root, step)
         except FileNotFoundError:
             log.info("step %d was deleted before its manifest was written", step)
 
@@ -492,26 +467,7 @@ class Checkpointer:
             json.loads((root / "meta" / "metadata").read_text())
         except (OSError, ValueError) as e:
             return f"{root / 'meta' / 'metadata'} is unreadable ({e})"
-        if self.config.verify == "none":
-            return None
-        manifest = root / MANIFEST
-        if not manifest.exists():
-            log.warning("%s has no manifest (the writer stopped right after saving)", root)
-            return None
-        try:
-            files = json.loads(manifest.read_text())["files"]
-        except (OSError, ValueError, KeyError) as e:
-            return f"{manifest} is unreadable ({e})"
-        for rel, want in files.items():
-            path = root / rel
-            if not path.is_file():
-                return f"{path} is missing"
-            size = path.stat().st_size
-            if size != want["size"]:
-                return f"{path} has {size} bytes, {want['size']} were written"
-            if self.config.verify == "checksum" and _crc32(path) != want["crc32"]:
-                return f"{path} fails its CRC32 check"
-        return None
+        return check_files(root, self.config.verify)
 
     def _quarantine(self, step: int, problem: str) -> None:
         src = self.step_dir(step)

@@ -1,1 +1,2 @@
-"""Pieces of `jaxcore.checkpoint` that have their own job (portable weight files)."""
+"""Pieces of `jaxcore.checkpoint` that have their own job: portable weight files and the
+per-checkpoint file manifest."""

@@ -108,6 +108,32 @@ def test_state_moves_between_pipeline_and_flat_layouts(reference):
 
 
 @pytest.mark.parametrize(
+    ("save_layout", "restore_layout"),
+    [
+        (dict(pipeline=2, fsdp=4), dict(fsdp=8)),
+        (dict(fsdp=8), dict(pipeline=4, fsdp=2)),
+    ],
+)
+def test_checkpoint_moves_between_pipeline_and_flat_layouts(
+    save_layout, restore_layout, reference, tmp_path
+):
+    ref_losses, ref_params = reference
+    config = jc.CheckpointConfig(directory=tmp_path / "ckpt", async_save=False,
+                                 save_on_sigterm=False, announce=False)
+    saver = jc.Engine(parallel=jc.ParallelConfig(**save_layout), microbatches=4)
+    with jc.Checkpointer(config) as ckpt:
+        first, state, _ = train(saver, BATCHES[:1])
+        ckpt.save(state, force=True)
+    loader_engine = jc.Engine(parallel=jc.ParallelConfig(**restore_layout), microbatches=4)
+    with jc.Checkpointer(config) as ckpt:
+        state, _ = ckpt.restore_or_init(loader_engine, factory, TX)
+        assert ckpt.resumed_step == 1
+    rest, state, _ = train(loader_engine, BATCHES[1:], state=state)
+    np.testing.assert_allclose(np.concatenate([first, rest]), ref_losses, rtol=1e-5)
+    assert max_rel_diff(host(state.params), ref_params) < 1e-5
+
+
+@pytest.mark.parametrize(
     ("kwargs", "words"),
     [
         (

@@ -156,7 +156,7 @@ class IngestStep(Step):
         index = 0
         import time
 
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         for unit in records:
             reader = {"dir": self._read_dir, "git": self._read_git,
                       "archive": self._read_archive}[unit.kind]
@@ -173,8 +173,9 @@ class IngestStep(Step):
                     stats.files_out += 1
                     stats.bytes_out += rec.size
                 stats.seconds += time.perf_counter() - t0
+                stats.cpu_seconds += time.thread_time() - c0  # git subprocesses not included
                 yield rec
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.thread_time()
         stats.dropped = dict(sorted(stats.dropped.items()))
         return stats
 

@@ -207,17 +207,19 @@ class LicenseStep:
         repo = None
         for rec in records:
             if rec.repo != repo and buf:
-                t0 = time.perf_counter()
+                t0, c0 = time.perf_counter(), time.thread_time()
                 self._apply(buf, stats)
                 stats.seconds += time.perf_counter() - t0
+                stats.cpu_seconds += time.thread_time() - c0
                 yield from self._emit(buf, stats)
                 buf = []
             repo = rec.repo
             buf.append(rec)
         if buf:
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             self._apply(buf, stats)
             stats.seconds += time.perf_counter() - t0
+            stats.cpu_seconds += time.thread_time() - c0
             yield from self._emit(buf, stats)
         stats.dropped = dict(sorted(stats.dropped.items()))
         return stats

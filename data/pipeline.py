@@ -114,7 +114,7 @@ def dedup_phase(cfg: BuildConfig) -> dict[str, Any]:
     marker = _work(cfg) / "dedup.done"
     if _done(marker):
         return json.loads(marker.read_text())
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.thread_time()
     items: list[DedupItem] = []
     names: dict[tuple[int, int], str] = {}
     import numpy as np
@@ -135,7 +135,8 @@ def dedup_phase(cfg: BuildConfig) -> dict[str, Any]:
     for (shard, index), (reason, surv) in sorted(removed.items()):
         by_shard.setdefault(str(shard), []).append([index, reason, names[surv]])
     stats = StepStats("dedup", files_in=len(items), files_out=len(items) - len(removed),
-                      counters=counters, seconds=time.perf_counter() - t0)
+                      counters=counters, seconds=time.perf_counter() - t0,
+                      cpu_seconds=time.thread_time() - c0)
     for reason, _ in removed.values():
         stats.dropped[reason] = stats.dropped.get(reason, 0) + 1
     stats.dropped = dict(sorted(stats.dropped.items()))
@@ -244,7 +245,8 @@ def build(cfg: BuildConfig) -> dict[str, Any]:
         "inputs": {"files": ingest.files_in, "bytes": ingest.bytes_in},
         "outputs": {"files": sum(r["rows"] for r in s3), "bytes": sum(r["bytes"] for r in s3)},
         "dropped": {"files": sum(r["dropped"] for r in s3), "by_stage": by_stage},
-        "stages": [{k: v for k, v in s.to_dict().items() if k != "seconds"} for s in stage_stats],
+        "stages": [{k: v for k, v in s.to_dict().items() if k not in ("seconds", "cpu_seconds")}
+                   for s in stage_stats],
         "languages": _sum([r["languages"] for r in s3]),
         "licenses": _sum([r["licenses"] for r in s3]),
         "license_ids": _sum([r["license_ids"] for r in s3]),
@@ -267,6 +269,7 @@ def build(cfg: BuildConfig) -> dict[str, Any]:
     timings["total"] = time.perf_counter() - t_start
     report = {"timings_s": timings,
               "per_stage_s": {s.name: round(s.seconds, 4) for s in stage_stats},
+              "per_stage_cpu_s": {s.name: round(s.cpu_seconds, 4) for s in stage_stats},
               "skipped_shards": {"stage1": sum(r.get("skipped", False) for r in s1),
                                  "stage3": sum(r.get("skipped", False) for r in s3)}}
     (vdir / "report.json").write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")

@@ -60,6 +60,9 @@ class StepStats:
     dropped: dict[str, int] = field(default_factory=dict)
     counters: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
+    """Wall-clock seconds in this step (inflated when the machine is shared)."""
+    cpu_seconds: float = 0.0
+    """CPU seconds of the running thread in this step (``time.thread_time``)."""
 
     def count(self, key: str, n: int = 1) -> None:
         """Add ``n`` to a named counter."""
@@ -68,7 +71,7 @@ class StepStats:
     def merged(self, other: StepStats) -> StepStats:
         """Return the sum of two statistics of the same step."""
         out = StepStats(self.name)
-        for f in ("files_in", "bytes_in", "files_out", "bytes_out", "seconds"):
+        for f in ("files_in", "bytes_in", "files_out", "bytes_out", "seconds", "cpu_seconds"):
             setattr(out, f, getattr(self, f) + getattr(other, f))
         for key in ("dropped", "counters"):
             merged = dict(getattr(self, key))

@@ -31,16 +31,17 @@ class Step:
     def run(self, records: Iterable[FileRecord], rank: int = 0, world_size: int = 1) -> StepRun:
         """Process ``records`` (this shard's share), yielding each one; return stats."""
         stats = StepStats(self.name)
-        clock = time.perf_counter
+        clock, cpu = time.perf_counter, time.thread_time
         for rec in records:
             if rec.drop_stage:
                 yield rec
                 continue
             stats.files_in += 1
             stats.bytes_in += rec.size
-            t0 = clock()
+            t0, c0 = clock(), cpu()
             reason = self.process(rec, stats)
             stats.seconds += clock() - t0
+            stats.cpu_seconds += cpu() - c0
             if reason:
                 rec.drop(self.name, reason)
                 stats.dropped[reason] = stats.dropped.get(reason, 0) + 1
@@ -70,10 +71,11 @@ class BatchStep(Step):
             for r in live:
                 stats.files_in += 1
                 stats.bytes_in += r.size
-            t0 = time.perf_counter()
+            t0, c0 = time.perf_counter(), time.thread_time()
             if live:
                 self.process_batch(live, stats)
             stats.seconds += time.perf_counter() - t0
+            stats.cpu_seconds += time.thread_time() - c0
             for r in live:
                 if r.drop_stage == self.name:
                     stats.dropped[r.drop_reason] = stats.dropped.get(r.drop_reason, 0) + 1

@@ -13,6 +13,7 @@ import sys
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("jaxcore.demo", "train the reference model on the stdlib's source (make demo)"),
     "data": ("data.cli", "build, diff and inspect curated code datasets"),
+    "serve": ("inference.server", "serve a model over an OpenAI-compatible HTTP API"),
 }
 
 

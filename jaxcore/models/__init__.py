@@ -1,5 +1,17 @@
-"""Reference models that name every parameter with logical axes."""
+"""Reference models that name every parameter with logical axes, and their KV-cache decoding."""
 
+from jaxcore.models.decoding import (
+    CausalDecoder,
+    KVCache,
+    TransformerDecoder,
+    decode_step,
+    decoding_weights,
+    init_cache,
+    insert,
+    matmul_input_absmax,
+    plain_matmul,
+    prefill,
+)
 from jaxcore.models.loss import lm_loss
 from jaxcore.models.transformer import (
     Transformer,
@@ -9,9 +21,19 @@ from jaxcore.models.transformer import (
 )
 
 __all__ = [
+    "CausalDecoder",
+    "KVCache",
     "Transformer",
     "TransformerConfig",
+    "TransformerDecoder",
     "count_params",
+    "decode_step",
+    "decoding_weights",
+    "init_cache",
+    "insert",
     "lm_loss",
+    "matmul_input_absmax",
+    "plain_matmul",
+    "prefill",
     "training_flops_per_token",
 ]

@@ -1,0 +1,145 @@
+"""`LLM`: the notebook face of the inference engine (generate, score) in a few lines.
+
+    llm = LLM("model.safetensors")            # or a TrainState with config=, or "tiny"
+    print(llm.generate("def main(", max_tokens=32).text)
+
+It builds a `SlotEngine` and a `Scheduler`; without a running scheduler thread `generate`
+steps the scheduler itself, so nothing runs in the background unless `start()` is called
+(the server does).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import numpy as np
+
+from inference.batching import Request, Scheduler, run_to_completion
+from inference.engine import EngineConfig, SlotEngine
+from inference.sampling import SamplingParams
+from inference.tokenizer import Tokenizer, load_tokenizer
+from inference.weights import resolve
+from jaxcore.models import TransformerConfig
+
+
+@dataclasses.dataclass(frozen=True)
+class Completion:
+    """A finished generation.
+
+    Attributes:
+        text: the generated text (stop strings removed).
+        tokens: generated token ids.
+        logprobs: log-probability of each generated token.
+        finish_reason: ``stop``, ``length`` or ``cancelled``.
+        prompt_tokens: the prompt's token ids.
+        prompt_logprobs: log p of each prompt token after the first (if asked for).
+    """
+
+    text: str
+    tokens: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    prompt_tokens: list[int]
+    prompt_logprobs: list[float]
+
+    @classmethod
+    def from_request(cls, r: Request) -> Completion:
+        return cls(
+            text=r.text,
+            tokens=list(r.output),
+            logprobs=list(r.logprobs),
+            finish_reason=r.finish_reason or "cancelled",
+            prompt_tokens=list(r.prompt),
+            prompt_logprobs=list(r.prompt_logprobs),
+        )
+
+
+class LLM:
+    """A served model: weights on devices, decode slots, a tokenizer and a scheduler.
+
+    Args:
+        model: a registry name (``tiny``...), a ``.safetensors`` path, a `TrainState` or a
+            params dict (the last two with ``config=``).
+        config: the `TransformerConfig` when ``model`` carries none.
+        engine: slots, buckets, dtype, quantization and mesh (`EngineConfig`).
+        tokenizer: a tokenizer, a ``tokenizer.json`` path, or ``None`` for bytes.
+        calibration: texts or token-id arrays for ``quantize='int8-smooth'``.
+        queue_size: waiting requests before `QueueFullError`.
+        seed: initialisation seed for registry names.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        *,
+        config: TransformerConfig | None = None,
+        engine: EngineConfig | None = None,
+        tokenizer: Tokenizer | str | None = None,
+        calibration: list[Any] | None = None,
+        queue_size: int = 256,
+        seed: int = 0,
+    ):
+        cfg, params = resolve(model, config=config, seed=seed)
+        self.tokenizer = (
+            tokenizer if hasattr(tokenizer, "encode") else load_tokenizer(tokenizer)  # type: ignore[arg-type]
+        )
+        batches = None
+        if calibration:
+            batches = [
+                np.asarray([self.tokenizer.encode(c)[: cfg.max_seq_len]])
+                if isinstance(c, str)
+                else np.asarray(c)
+                for c in calibration
+            ]
+        self.engine = SlotEngine(cfg, params, engine, calibration=batches)
+        self.scheduler = Scheduler(self.engine, self.tokenizer, queue_size=queue_size)
+        self.config = cfg
+
+    # ----------------------------------------------------------------- lifecycle
+    def start(self) -> LLM:
+        """Run the scheduler thread (needed for concurrent `submit` callers)."""
+        self.scheduler.start()
+        return self
+
+    def close(self) -> None:
+        self.scheduler.stop()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ----------------------------------------------------------------- generation
+    def _params(self, sampling: SamplingParams | None, fields: dict[str, Any]) -> SamplingParams:
+        sampling = sampling or SamplingParams()
+        return dataclasses.replace(sampling, **fields) if fields else sampling
+
+    def generate(
+        self, prompt: str | list[str], sampling: SamplingParams | None = None, **fields: Any
+    ) -> Completion | list[Completion]:
+        """Complete one prompt (returns a `Completion`) or several (a list, batched).
+
+        Keyword fields override ``sampling`` (``max_tokens=32, temperature=0.8, ...``).
+        """
+        params = self._params(sampling, fields)
+        prompts = [prompt] if isinstance(prompt, str) else list(prompt)
+        work = [(self.tokenizer.encode(p), params) for p in prompts]
+        if self.scheduler._thread is not None:
+            handles = [self.scheduler.submit(ids, s) for ids, s in work]
+            done = [h.wait() for h in handles]
+        else:
+            done = run_to_completion(self.scheduler, work)
+        out = [Completion.from_request(r) for r in done]
+        return out[0] if isinstance(prompt, str) else out
+
+    def score(self, text: str) -> list[float]:
+        """log p of each token of ``text`` given the ones before (the first has none)."""
+        params = SamplingParams(max_tokens=0, prompt_logprobs=True)
+        ids = self.tokenizer.encode(text)
+        if self.scheduler._thread is not None:
+            r = self.scheduler.submit(ids, params).wait()
+        else:
+            (r,) = run_to_completion(self.scheduler, [(ids, params)])
+        return list(r.prompt_logprobs)

@@ -1,0 +1,169 @@
+"""The OpenAI HTTP API's request bodies and error objects (completions and chat).
+
+Bodies are validated strictly: unknown fields are rejected (``extra="forbid"``), and
+fields the API defines but this server does not implement are accepted only at their
+default values, so a client never silently gets behaviour it did not ask for.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from inference.sampling import MAX_TOP_LOGPROBS
+
+
+class APIError(Exception):
+    """An error answered as OpenAI's ``{"error": {...}}`` object with an HTTP status."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ):
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = (
+            status,
+            message,
+            type,
+            param,
+            code,
+        )
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Common(_Strict):
+    model: str
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    top_k: int = Field(0, ge=0)  # extension (vLLM's name); 0 = off
+    n: int = Field(1, ge=1)
+    stream: bool = False
+    stream_options: dict[str, Any] | None = None
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: dict[str, float] | None = None
+    user: str | None = None
+    ignore_eos: bool = False  # extension
+
+    def unsupported(self) -> None:
+        """Raise for implemented-nowhere features requested with non-default values."""
+        if self.n != 1:
+            raise APIError(400, "only n=1 is supported; send several requests instead.", param="n")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if getattr(self, name) != 0:
+                raise APIError(400, f"{name} is not supported; leave it at 0.", param=name)
+        if self.logit_bias:
+            raise APIError(400, "logit_bias is not supported.", param="logit_bias")
+
+    def stops(self) -> tuple[str, ...]:
+        stops = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+        if len(stops) > 4 or any(not s for s in stops):
+            raise APIError(400, "stop takes up to 4 non-empty strings.", param="stop")
+        return stops
+
+    def include_usage(self) -> bool:
+        return bool((self.stream_options or {}).get("include_usage"))
+
+
+class CompletionRequest(_Common):
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(16, ge=0)
+    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    echo: bool = False
+    best_of: int | None = None
+    suffix: str | None = None
+
+    def unsupported(self) -> None:
+        super().unsupported()
+        if self.best_of not in (None, 1):
+            raise APIError(400, "best_of is not supported.", param="best_of")
+        if self.suffix:
+            raise APIError(400, "suffix (insertion) is not supported.", param="suffix")
+
+
+class ContentPart(_Strict):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(_Strict):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: str | list[ContentPart]
+    name: str | None = None
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text for p in self.content)
+
+
+class ChatRequest(_Common):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    response_format: dict[str, Any] | None = None
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    parallel_tool_calls: bool | None = None
+
+    def unsupported(self) -> None:
+        super().unsupported()
+        if self.tools:
+            raise APIError(400, "tools are not supported.", param="tools")
+        if self.response_format and self.response_format.get("type") not in (None, "text"):
+            raise APIError(
+                400, "only response_format type 'text' is supported.", param="response_format"
+            )
+
+
+def parse(model: type[BaseModel], body: Any) -> Any:
+    """Validate a JSON body; raise `APIError` (400) naming the first bad field."""
+    if not isinstance(body, dict):
+        raise APIError(400, "the request body must be a JSON object.")
+    try:
+        request = model.model_validate(body)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = ".".join(str(x) for x in err["loc"])
+        if err["type"] == "extra_forbidden":
+            message = f"unknown parameter: '{loc}'."
+        elif err["type"] == "missing":
+            message = f"missing required parameter: '{loc}'."
+        else:
+            message = f"invalid value for '{loc}': {err['msg']}."
+        raise APIError(400, message, param=loc or None) from None
+    request.unsupported()
+    return request
+
+
+# A plain chat template: role tags on their own lines; generation stops at the next tag.
+CHAT_STOP = "\n<|"
+
+
+def chat_prompt(messages: list[ChatMessage]) -> str:
+    """``<|role|>\\ncontent\\n`` per message, then ``<|assistant|>\\n`` for the reply."""
+    parts = [f"<|{'system' if m.role == 'developer' else m.role}|>\n{m.text()}\n" for m in messages]
+    return "".join(parts) + "<|assistant|>\n"

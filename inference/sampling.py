@@ -1,0 +1,123 @@
+"""Sampling settings and the jitted sampler that applies them per decode slot.
+
+Every slot carries its own temperature, top-k, top-p and key as arrays, so one compiled
+decode step serves any mix of requests (greedy rows and sampled rows side by side). Keys
+are explicit: a request's seed plus the token index decides its draw, so a seeded request
+gives the same text whether it runs alone or batched with others.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+
+import jaxcore as jc
+
+# Alternatives per position the engine computes for ``logprobs`` (OpenAI allows up to 5).
+MAX_TOP_LOGPROBS = 5
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SamplingParams:
+    """How to pick tokens for one request.
+
+    Attributes:
+        max_tokens: most tokens to generate (0: score the prompt only).
+        temperature: 0 picks the most likely token (greedy); otherwise logits are divided
+            by it before sampling.
+        top_k: sample among the k most likely tokens (0: no limit).
+        top_p: sample among the smallest set of tokens whose probability reaches top_p.
+        stop: strings that end generation (not included in the text).
+        stop_token_ids: token ids that end generation (not included).
+        ignore_eos: keep going past the tokenizer's end-of-sequence token.
+        seed: seed of this request's key (``None``: drawn from the engine's seed).
+        logprobs: number of top alternatives to report per token (``None``: none;
+            0: only the chosen token's log-probability).
+        prompt_logprobs: also score the prompt tokens (OpenAI's ``echo`` + ``logprobs``).
+    """
+
+    max_tokens: int = 16
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+    seed: int | None = None
+    logprobs: int | None = None
+    prompt_logprobs: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_tokens, int) or self.max_tokens < 0:
+            raise jc.ConfigError(f"SamplingParams.max_tokens={self.max_tokens!r}: must be >= 0.")
+        if not self.temperature >= 0:
+            raise jc.ConfigError(
+                f"SamplingParams.temperature={self.temperature!r}: must be >= 0 (0 = greedy)."
+            )
+        if not isinstance(self.top_k, int) or self.top_k < 0:
+            raise jc.ConfigError(f"SamplingParams.top_k={self.top_k!r}: must be >= 0 (0 = off).")
+        if not 0 < self.top_p <= 1:
+            raise jc.ConfigError(f"SamplingParams.top_p={self.top_p!r}: must be in (0, 1].")
+        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
+            raise jc.ConfigError(
+                f"SamplingParams.logprobs={self.logprobs!r}: must be between 0 and "
+                f"{MAX_TOP_LOGPROBS}, or None."
+            )
+        if isinstance(self.stop, str):
+            object.__setattr__(self, "stop", (self.stop,))
+        if any(not s for s in self.stop):
+            raise jc.ConfigError("SamplingParams.stop: stop strings must be non-empty.")
+
+
+def _filtered_sample(logits, keys, temperature, top_k, top_p):
+    vocab = logits.shape[-1]
+    scaled = logits / jnp.maximum(temperature, 1e-6)[:, None]
+    sorted_desc = -jnp.sort(-scaled, axis=-1)
+    k = jnp.where(top_k > 0, jnp.minimum(top_k, vocab), vocab)
+    ranks = jnp.arange(vocab)[None, :]
+    kept = jnp.where(ranks < k[:, None], sorted_desc, -jnp.inf)
+    # Top-p on what top-k left (vLLM's order): keep rank i while the mass before it < p.
+    probs = jax.nn.softmax(kept, axis=-1)
+    before = jnp.cumsum(probs, axis=-1) - probs
+    count = jnp.maximum(jnp.sum(before < top_p[:, None], axis=-1), 1)
+    count = jnp.minimum(count, k)
+    threshold = jnp.take_along_axis(sorted_desc, (count - 1)[:, None], axis=-1)
+    masked = jnp.where(scaled >= threshold, scaled, -jnp.inf)
+    return jax.vmap(jax.random.categorical)(keys, masked)
+
+
+def sample_tokens(
+    logits: jax.Array,
+    keys: jax.Array,
+    temperature: jax.Array,
+    top_k: jax.Array,
+    top_p: jax.Array,
+) -> jax.Array:
+    """One token per row of ``logits: (rows, vocab)``; greedy where temperature is 0.
+
+    ``keys`` are typed keys, one per row. The sort that top-k/top-p need is skipped when
+    every row is greedy.
+    """
+    greedy = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    sampled = jax.lax.cond(
+        jnp.any(temperature > 0),
+        lambda: _filtered_sample(logits, keys, temperature, top_k, top_p).astype(jnp.int32),
+        lambda: greedy,
+    )
+    return jnp.where(temperature > 0, sampled, greedy)
+
+
+def token_logprobs(
+    logits: jax.Array, tokens: jax.Array, top_n: int = MAX_TOP_LOGPROBS
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Log-probabilities of ``tokens`` under ``logits`` and the ``top_n`` alternatives.
+
+    Reported from the model's own distribution (before temperature, top-k, top-p), as
+    OpenAI and vLLM do. Returns ``(chosen (...,), top_ids (..., n), top_logprobs (..., n))``.
+    """
+    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+    chosen = jnp.take_along_axis(logp, tokens[..., None], axis=-1)[..., 0]
+    top_lp, top_ids = jax.lax.top_k(logp, min(top_n, logits.shape[-1]))
+    return chosen, top_ids.astype(jnp.int32), top_lp

@@ -1,0 +1,64 @@
+"""Shared pieces of the inference tests: byte-level text, a compile counter, a reference."""
+
+from __future__ import annotations
+
+import contextlib
+import sysconfig
+from collections.abc import Iterator
+from pathlib import Path
+
+import jax
+import numpy as np
+
+COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+
+
+def stdlib_text(start: int, count: int) -> bytes:
+    """Bytes of ``count`` Python standard-library modules (sorted, from index ``start``)."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    files = sorted(p for p in root.glob("*.py") if p.stat().st_size > 2000)
+    return b"\n".join(p.read_bytes() for p in files[start : start + count])
+
+
+class CompileCounter:
+    """Counts XLA backend compiles while active (jax.monitoring events)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.active = False
+
+    def __call__(self, event: str, duration: float, **kwargs) -> None:
+        if self.active and event == COMPILE_EVENT:
+            self.count += 1
+
+
+_counter = CompileCounter()
+jax.monitoring.register_event_duration_secs_listener(_counter)
+
+
+@contextlib.contextmanager
+def count_compiles() -> Iterator[CompileCounter]:
+    _counter.count, _counter.active = 0, True
+    try:
+        yield _counter
+    finally:
+        _counter.active = False
+
+
+def reference_greedy(model_fn, prompt: list[int], steps: int, pad_to: int):
+    """Greedy decoding by recomputing the whole (right-padded) forward pass every step.
+
+    ``model_fn(tokens (1, pad_to)) -> logits``; causal attention makes the padding inert.
+    Returns the tokens and the logits row used for each choice.
+    """
+    seq = list(prompt)
+    tokens, rows = [], []
+    for _ in range(steps):
+        padded = np.zeros((1, pad_to), np.int32)
+        padded[0, : len(seq)] = seq
+        row = np.asarray(model_fn(padded))[0, len(seq) - 1]
+        tok = int(np.argmax(row))
+        tokens.append(tok)
+        rows.append(row)
+        seq.append(tok)
+    return tokens, np.stack(rows)

@@ -1,0 +1,44 @@
+"""Configuration mistakes raise ConfigError naming the field and the fix."""
+
+from __future__ import annotations
+
+import pytest
+
+import jaxcore as jc
+from inference import EngineConfig, SamplingParams
+from inference.engine import SlotEngine
+from inference.weights import init_params
+from jaxcore.models import TransformerConfig
+
+
+@pytest.mark.parametrize(
+    ("make", "words"),
+    [
+        (lambda: EngineConfig(slots=0), "EngineConfig.slots"),
+        (lambda: EngineConfig(quantize="int4"), "EngineConfig.quantize"),
+        (lambda: EngineConfig(dtype="float16"), "EngineConfig.dtype"),
+        (lambda: EngineConfig(prefill_buckets=()), "EngineConfig.prefill_buckets"),
+        (lambda: EngineConfig(smooth_alpha=2.0), "EngineConfig.smooth_alpha"),
+        (lambda: SamplingParams(top_p=0.0), "SamplingParams.top_p"),
+        (lambda: SamplingParams(temperature=-1.0), "SamplingParams.temperature"),
+        (lambda: SamplingParams(logprobs=9), "SamplingParams.logprobs"),
+        (lambda: SamplingParams(max_tokens=-1), "SamplingParams.max_tokens"),
+        (lambda: SamplingParams(stop=("",)), "SamplingParams.stop"),
+    ],
+)
+def test_config_errors_name_the_field(make, words):
+    with pytest.raises(jc.ConfigError, match=words):
+        make()
+
+
+def test_engine_errors_name_the_fix():
+    cfg = TransformerConfig.tiny(max_seq_len=32)
+    params = init_params(cfg)
+    with pytest.raises(jc.ConfigError, match="max_seq_len=32"):
+        SlotEngine(cfg, params, EngineConfig(max_len=64))
+    with pytest.raises(jc.ConfigError, match="multiple of 4"):
+        SlotEngine(
+            cfg, params, EngineConfig(slots=6, parallel=jc.ParallelConfig(data=4, tensor=2, fsdp=1))
+        )
+    with pytest.raises(jc.ConfigError, match="calibration"):
+        SlotEngine(cfg, params, EngineConfig(quantize="int8-smooth"))

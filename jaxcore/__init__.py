@@ -4,7 +4,7 @@ A `jax.sharding.Mesh` plus a table of logical-axis rules expresses the layout; t
 jitted train step runs on 1 CPU, 8 fake CPU devices, a GPU node or a TPU pod.
 """
 
-from jaxcore import axes, models
+from jaxcore import axes, models, profiling
 from jaxcore.adapters import ModelAdapter
 from jaxcore.checkpoint import (
     PREEMPTION_EXIT_CODE,
@@ -14,14 +14,28 @@ from jaxcore.checkpoint import (
     Preempted,
 )
 from jaxcore.checkpointing.portable import export_checkpoint, load_params, save_params
+from jaxcore.distributed import ClusterSettings, CoordinatorTimeoutError, detect, initialize
 from jaxcore.engine import Engine, EngineConfig
 from jaxcore.errors import BatchError, ConfigError, JaxcoreError
+from jaxcore.gather import EvalGatherer, gather
 from jaxcore.input import InputConfig, Loader, StdlibSource, stdlib_source
+from jaxcore.launch import LaunchError
 from jaxcore.mesh import MESH_AXES, ParallelConfig, build_mesh
 from jaxcore.metrics import MeanMetrics
+from jaxcore.notebook import notebook_launcher
 from jaxcore.pipeline import PipelineConfig, scan_layers
 from jaxcore.precision import LossScaleConfig, PrecisionPolicy
+from jaxcore.profiling import (
+    StepMeter,
+    compile_estimate,
+    measure_matmul_peak,
+    memory_report,
+    module_table,
+)
+from jaxcore.progress import TrainProgress
 from jaxcore.remat import checkpoint_block
+from jaxcore.runtime import ensure_malloc_tuning
+from jaxcore.seeding import process_key, seed_everything
 from jaxcore.sharding import DEFAULT_RULES, constrain, per_device_bytes
 from jaxcore.state import TrainState
 
@@ -35,11 +49,15 @@ __all__ = [
     "CheckpointConfig",
     "CheckpointError",
     "Checkpointer",
+    "ClusterSettings",
     "ConfigError",
+    "CoordinatorTimeoutError",
     "Engine",
     "EngineConfig",
+    "EvalGatherer",
     "InputConfig",
     "JaxcoreError",
+    "LaunchError",
     "Loader",
     "LossScaleConfig",
     "MeanMetrics",
@@ -49,16 +67,30 @@ __all__ = [
     "PrecisionPolicy",
     "Preempted",
     "StdlibSource",
+    "StepMeter",
+    "TrainProgress",
     "TrainState",
     "axes",
     "build_mesh",
     "checkpoint_block",
+    "compile_estimate",
     "constrain",
+    "detect",
+    "ensure_malloc_tuning",
     "export_checkpoint",
+    "gather",
+    "initialize",
     "load_params",
+    "measure_matmul_peak",
+    "memory_report",
     "models",
+    "module_table",
+    "notebook_launcher",
     "per_device_bytes",
+    "process_key",
+    "profiling",
     "save_params",
     "scan_layers",
+    "seed_everything",
     "stdlib_source",
 ]

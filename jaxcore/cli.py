@@ -12,6 +12,7 @@ import sys
 # subcommand -> (module with main(argv) -> int, what it does)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("jaxcore.demo", "train the reference model on the stdlib's source (make demo)"),
+    "launch": ("jaxcore.launch", "start N local processes wired together, or print Slurm/TPU"),
     "data": ("data.cli", "build, diff and inspect curated code datasets"),
     "serve": ("inference.server", "serve a model over an OpenAI-compatible HTTP API"),
 }

@@ -1,0 +1,412 @@
+"""``jaxcore launch``: start N local processes wired into one JAX run, and watch them.
+
+    jaxcore launch -n 2 --devices-per-process 4 train.py --steps 3
+    python -m jaxcore.launch -n 2 --devices-per-process 4 train.py --steps 3
+
+Each child gets ``JAXCORE_COORDINATOR`` / ``JAXCORE_NUM_PROCESSES`` / ``JAXCORE_PROCESS_ID``
+(read by `jaxcore.initialize`), and on CPU ``K`` fake devices (``XLA_FLAGS``) with gloo
+collectives; on GPU ``CUDA_VISIBLE_DEVICES`` gives each process its own K GPUs. Output is
+streamed line by line, prefixed ``[rank i]``. When one process fails, the others are
+stopped (SIGTERM, then SIGKILL after a grace period) and the launcher exits non-zero,
+naming the failing rank and showing its last lines -- the behaviour of torchrun's elastic
+agent (``torch/distributed/elastic/agent``), without restarts.
+
+``--print-slurm`` / ``--print-tpu-pod`` print the sbatch script and the
+``gcloud compute tpus tpu-vm ssh --worker=all`` command for the same script instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import dataclasses
+import logging
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import TextIO
+
+from jaxcore.errors import ConfigError, JaxcoreError
+from jaxcore.runtime import MALLOC_TUNABLES, with_cpu_devices, with_malloc_tuning
+
+log = logging.getLogger(__name__)
+
+TAIL_LINES = 30
+
+
+class LaunchError(JaxcoreError):
+    """A launched process failed; the message names its rank and shows its last output."""
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupResult:
+    """How a group of processes ended.
+
+    Attributes:
+        returncode: 0 when every process succeeded, else the failing rank's exit code
+            (128 + signal number when it was killed by a signal).
+        failed_rank: the first rank seen to fail (``None`` on success).
+        returncodes: each rank's raw return code (negative: killed by that signal).
+        tails: each rank's last output lines.
+    """
+
+    returncode: int
+    failed_rank: int | None
+    returncodes: tuple[int | None, ...]
+    tails: tuple[tuple[str, ...], ...]
+
+    def describe_failure(self) -> str:
+        """A message naming the failing rank, how it ended, and its last output."""
+        if self.failed_rank is None:
+            return "all processes succeeded"
+        rank = self.failed_rank
+        code = self.returncodes[rank]
+        how = (
+            f"was killed by {signal.Signals(-code).name}"
+            if code is not None and code < 0
+            else f"exited with code {code}"
+        )
+        tail = "\n".join(f"  {line}" for line in self.tails[rank]) or "  (no output)"
+        return (
+            f"rank {rank} {how}; the other ranks were stopped. Last output of rank {rank}:\n{tail}"
+        )
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that is free right now on ``host`` (for the coordinator)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def process_env(
+    rank: int,
+    num_processes: int,
+    coordinator: str,
+    *,
+    devices_per_process: int | None = None,
+    platform: str = "cpu",
+    init_timeout_s: float | None = None,
+    base: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """The environment of local process ``rank`` of a launched run."""
+    env = dict(os.environ if base is None else base)
+    env.update(
+        JAXCORE_COORDINATOR=coordinator,
+        JAXCORE_NUM_PROCESSES=str(num_processes),
+        JAXCORE_PROCESS_ID=str(rank),
+        PYTHONUNBUFFERED="1",
+    )
+    if init_timeout_s is not None:
+        env["JAXCORE_INIT_TIMEOUT"] = str(init_timeout_s)
+    if platform == "cpu":
+        env["JAX_PLATFORMS"] = "cpu"
+        env["JAX_CPU_COLLECTIVES_IMPLEMENTATION"] = "gloo"
+        with_cpu_devices(env, devices_per_process or 1)
+    elif platform == "gpu":
+        k = devices_per_process or 1
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(rank * k + i) for i in range(k))
+    elif platform != "auto":
+        raise ConfigError(f"platform={platform!r}: use 'cpu', 'gpu' or 'auto'.")
+    with_malloc_tuning(env)
+    return env
+
+
+def _stream(
+    rank: int, pipe, out: TextIO, lock: threading.Lock, tail: collections.deque, prefix: bool
+) -> None:
+    for raw in iter(pipe.readline, b""):
+        line = raw.decode("utf-8", "replace").rstrip("\n")
+        tail.append(line)
+        with lock:
+            out.write(f"[rank {rank}] {line}\n" if prefix else f"{line}\n")
+            out.flush()
+    pipe.close()
+
+
+def _signal_group(proc: subprocess.Popen, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, sig)
+
+
+def run_group(
+    commands: Sequence[Sequence[str]],
+    envs: Sequence[Mapping[str, str]],
+    *,
+    out: TextIO | None = None,
+    prefix: bool = True,
+    grace_s: float = 5.0,
+    timeout_s: float | None = None,
+    cwd: str | None = None,
+) -> GroupResult:
+    """Run one command per rank, stream their output, stop all when one fails.
+
+    Each child runs in its own session so that stopping it also stops what it started.
+    ``timeout_s`` bounds the whole run (every rank is stopped and the result fails with
+    rank ``None`` reported as code 124).
+    """
+    out = sys.stdout if out is None else out
+    lock = threading.Lock()
+    procs: list[subprocess.Popen] = []
+    tails = [collections.deque(maxlen=TAIL_LINES) for _ in commands]
+    threads = []
+    try:
+        for rank, (cmd, env) in enumerate(zip(commands, envs, strict=True)):
+            proc = subprocess.Popen(
+                list(cmd),
+                env=dict(env),
+                cwd=cwd,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+            procs.append(proc)
+            t = threading.Thread(
+                target=_stream,
+                args=(rank, proc.stdout, out, lock, tails[rank], prefix),
+                daemon=True,
+            )
+            t.start()
+            threads.append(t)
+        failed = _watch(procs, timeout_s)
+    except BaseException:  # Ctrl-C or an error here: never leave orphans behind
+        _stop(procs, grace_s)
+        raise
+    if failed is not None or any(p.poll() is None for p in procs):
+        _stop(procs, grace_s)
+    for t in threads:
+        t.join(timeout=5)
+    codes = tuple(p.poll() for p in procs)
+    if failed is None:
+        return GroupResult(0, None, codes, tuple(tuple(t) for t in tails))
+    if failed == -1:  # the overall timeout
+        return GroupResult(124, None, codes, tuple(tuple(t) for t in tails))
+    code = codes[failed]
+    rc = 128 - code if code is not None and code < 0 else (code or 1)
+    return GroupResult(rc, failed, codes, tuple(tuple(t) for t in tails))
+
+
+def _watch(procs: list[subprocess.Popen], timeout_s: float | None) -> int | None:
+    """Wait until all succeed (``None``), one fails (its rank) or time runs out (-1)."""
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+        codes = [p.poll() for p in procs]
+        bad = [r for r, c in enumerate(codes) if c not in (None, 0)]
+        if bad:
+            # Seen together: a rank killed by a signal is the likelier cause of the others'
+            # errors (their collectives lost a peer), so name it.
+            return min(bad, key=lambda r: (codes[r] > 0, r))
+        if all(c == 0 for c in codes):
+            return None
+        if deadline is not None and time.monotonic() > deadline:
+            return -1
+        time.sleep(0.05)
+
+
+def _stop(procs: list[subprocess.Popen], grace_s: float) -> None:
+    for p in procs:
+        if p.poll() is None:
+            _signal_group(p, signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            _signal_group(p, signal.SIGKILL)
+            p.wait()
+
+
+def launch(
+    command: Sequence[str],
+    *,
+    num_processes: int,
+    devices_per_process: int | None = None,
+    platform: str = "cpu",
+    host: str = "127.0.0.1",
+    port: int | None = None,
+    init_timeout_s: float | None = None,
+    timeout_s: float | None = None,
+    grace_s: float = 5.0,
+    out: TextIO | None = None,
+    prefix: bool = True,
+) -> GroupResult:
+    """Run ``command`` (e.g. ``[python, script, *args]``) as ``num_processes`` ranks."""
+    if num_processes < 1:
+        raise ConfigError(f"num_processes={num_processes}: must be >= 1.")
+    if devices_per_process is not None and devices_per_process < 1:
+        raise ConfigError(f"devices_per_process={devices_per_process}: must be >= 1.")
+    coordinator = f"{host}:{port or free_port(host)}"
+    envs = [
+        process_env(
+            rank,
+            num_processes,
+            coordinator,
+            devices_per_process=devices_per_process,
+            platform=platform,
+            init_timeout_s=init_timeout_s,
+        )
+        for rank in range(num_processes)
+    ]
+    log.info("launching %d processes, coordinator %s", num_processes, coordinator)
+    return run_group(
+        [command] * num_processes,
+        envs,
+        out=out,
+        prefix=prefix,
+        grace_s=grace_s,
+        timeout_s=timeout_s,
+    )
+
+
+# ----------------------------------------------------------------------- cluster scripts
+def _run_line(args: argparse.Namespace, python: str) -> str:
+    target = ["-m", args.module] if args.module else [args.script]
+    return shlex.join([python, "-u", *target, *args.script_args])
+
+
+def slurm_script(args: argparse.Namespace) -> str:
+    """An sbatch script that runs the same command on ``--nodes`` nodes."""
+    per_node = args.num_processes
+    gpus = args.devices_per_process or 1
+    return f"""#!/bin/bash
+# Generated by `jaxcore launch --print-slurm`. Submit with: sbatch this_file.sbatch
+#SBATCH --job-name={args.job_name}
+#SBATCH --nodes={args.nodes}
+#SBATCH --ntasks-per-node={per_node}
+#SBATCH --gpus-per-task={gpus}
+#SBATCH --time={args.time}
+#SBATCH --output=%x-%j.out
+set -euo pipefail
+
+# jaxcore.initialize() lets JAX read SLURM_*: coordinator = first node of the step,
+# process count = SLURM_NTASKS, rank = SLURM_PROCID, one GPU set per task (SLURM_LOCALID).
+# glibc keeps XLA's large host buffers instead of unmapping them every step (PERF-NOTES.md).
+export GLIBC_TUNABLES="${{GLIBC_TUNABLES:-{MALLOC_TUNABLES}}}"
+export JAXCORE_INIT_TIMEOUT="${{JAXCORE_INIT_TIMEOUT:-600}}"
+
+srun --kill-on-bad-exit=1 {_run_line(args, "python")}
+"""
+
+
+def tpu_pod_command(args: argparse.Namespace) -> str:
+    """The ``gcloud`` commands that copy the code and run it on every TPU-VM worker."""
+    where = f"--zone={args.zone}" + (f" --project={args.project}" if args.project else "")
+    remote = (
+        f"cd {args.remote_dir} && "
+        f"GLIBC_TUNABLES={MALLOC_TUNABLES} JAXCORE_INIT_TIMEOUT=600 {_run_line(args, 'python3')}"
+    )
+    return (
+        "# Copy the working directory to every worker, then start the same command on all\n"
+        "# of them; jaxcore.initialize() reads the pod's topology from the TPU metadata.\n"
+        f"gcloud compute tpus tpu-vm scp --recurse . {args.tpu_name}:{args.remote_dir} "
+        f"--worker=all {where}\n"
+        f"gcloud compute tpus tpu-vm ssh {args.tpu_name} --worker=all {where} "
+        f"--command={shlex.quote(remote)}\n"
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="jaxcore launch",
+        description="Run a script as N local processes of one JAX run, or print the "
+        "Slurm / TPU-pod commands for it.",
+    )
+    p.add_argument("-n", "--num-processes", type=int, default=2, help="processes (per node)")
+    p.add_argument(
+        "--devices-per-process",
+        type=int,
+        default=None,
+        help="CPU: fake devices per process; GPU: GPUs per process (default 1)",
+    )
+    p.add_argument("--platform", choices=("cpu", "gpu", "auto"), default="cpu")
+    p.add_argument("--host", default="127.0.0.1", help="coordinator host (local runs)")
+    p.add_argument("--port", type=int, default=None, help="coordinator port (default: free)")
+    p.add_argument(
+        "--init-timeout", type=float, default=120.0, help="seconds to wait for the coordinator"
+    )
+    p.add_argument("--timeout", type=float, default=None, help="seconds for the whole run")
+    p.add_argument("--grace", type=float, default=5.0, help="seconds between SIGTERM and SIGKILL")
+    p.add_argument("--no-prefix", action="store_true", help="do not prefix lines with the rank")
+    p.add_argument("-m", "--module", default=None, help="run a module (like python -m)")
+    p.add_argument("--print-slurm", action="store_true", help="print an sbatch script and exit")
+    p.add_argument(
+        "--print-tpu-pod", action="store_true", help="print the gcloud TPU-pod command and exit"
+    )
+    p.add_argument("--nodes", type=int, default=2, help="Slurm nodes (--print-slurm)")
+    p.add_argument("--job-name", default="jaxcore", help="Slurm job name")
+    p.add_argument("--time", default="01:00:00", help="Slurm time limit")
+    p.add_argument("--tpu-name", default="my-tpu-pod", help="TPU VM name (--print-tpu-pod)")
+    p.add_argument("--zone", default="us-central2-b", help="TPU zone")
+    p.add_argument("--project", default=None, help="GCP project")
+    p.add_argument("--remote-dir", default="~/jaxcore-run", help="directory on the workers")
+    p.add_argument("script", nargs="?", help="the Python script to run")
+    p.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments")
+    return p
+
+
+def _terminated(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``jaxcore launch``; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.module and args.script is not None:
+        args.script_args = [args.script, *args.script_args]
+        args.script = None
+    if not args.module and not args.script:
+        parser.error("give a script to run (or -m module)")
+    if args.print_slurm:
+        sys.stdout.write(slurm_script(args))
+        return 0
+    if args.print_tpu_pod:
+        sys.stdout.write(tpu_pod_command(args))
+        return 0
+    target = ["-m", args.module] if args.module else [args.script]
+    command = [sys.executable, "-u", *target, *args.script_args]
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        # A scheduler's SIGTERM must stop the ranks too, not orphan them.
+        previous = signal.signal(signal.SIGTERM, _terminated)
+    try:
+        result = launch(
+            command,
+            num_processes=args.num_processes,
+            devices_per_process=args.devices_per_process,
+            platform=args.platform,
+            host=args.host,
+            port=args.port,
+            init_timeout_s=args.init_timeout,
+            timeout_s=args.timeout,
+            grace_s=args.grace,
+            prefix=not args.no_prefix,
+        )
+    except ConfigError as e:
+        print(f"jaxcore launch: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("jaxcore launch: interrupted; stopped all ranks", file=sys.stderr)
+        return 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+    if result.returncode == 124 and result.failed_rank is None:
+        print(
+            f"jaxcore launch: timed out after {args.timeout} s; stopped all ranks", file=sys.stderr
+        )
+    elif result.returncode:
+        print(f"jaxcore launch: {result.describe_failure()}", file=sys.stderr)
+    return result.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,435 @@
+"""How fast and how big a run is: step time, tokens/s, MFU, memory, traces.
+
+- **MFU** is model FLOPs per second over the devices' peak (PaLM, Chowdhery et al. 2022,
+  appendix B). Model FLOPs come from the model's own count
+  (`jaxcore.models.training_flops_per_token`), the traced program (`module_table`) or
+  XLA's cost analysis (`compiled_flops`); the peak from `PEAK_FLOPS` for known
+  accelerators, or `measure_matmul_peak` on the spot (CPUs, unknown parts).
+- **Memory** per device from ``device.memory_stats()`` (GPU, TPU); where that is missing
+  (CPU) from the live arrays each device holds. `memory_report` aggregates it, and each
+  host's resident set size, over all processes.
+- **Traces** of a chosen step window with ``jax.profiler`` (`TraceWindow`).
+- Ahead-of-time estimates and the per-module table live in `jaxcore.costs` and are
+  re-exported here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import resource
+import statistics
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxcore.costs import (
+    CompileEstimate,
+    CostRow,
+    CostTable,
+    abstract_batch,
+    abstract_state,
+    compile_estimate,
+    compiled_flops,
+    estimate_from_compiled,
+    function_table,
+    module_table,
+    topology_devices,
+)
+from jaxcore.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "PEAK_FLOPS",
+    "CompileEstimate",
+    "CostRow",
+    "CostTable",
+    "DeviceMemory",
+    "MemoryReport",
+    "StepMeter",
+    "StepStats",
+    "TraceWindow",
+    "abstract_batch",
+    "abstract_state",
+    "compile_estimate",
+    "compiled_flops",
+    "device_memory",
+    "estimate_from_compiled",
+    "function_table",
+    "host_rss_bytes",
+    "measure_matmul_peak",
+    "memory_report",
+    "mfu",
+    "module_table",
+    "peak_flops",
+    "topology_devices",
+]
+
+# Dense (no sparsity) peak FLOP/s per chip from the vendors' datasheets, by the substring
+# of `device.device_kind` that identifies the part; more specific names come first.
+# "fp32" on NVIDIA parts is the TF32 tensor-core rate XLA uses for float32 matmuls by
+# default. CPUs are absent on purpose: measure them (`measure_matmul_peak`).
+PEAK_FLOPS: tuple[tuple[str, dict[str, float]], ...] = (
+    ("TPU v6 lite", {"bf16": 918e12}),  # Trillium
+    ("TPU v5 lite", {"bf16": 197e12}),  # v5e
+    ("TPU v5p", {"bf16": 459e12}),
+    ("TPU v5", {"bf16": 459e12}),
+    ("TPU v4", {"bf16": 275e12}),
+    ("TPU v3", {"bf16": 123e12}),
+    ("GB200", {"bf16": 2500e12, "fp32": 1250e12}),
+    ("B200", {"bf16": 2250e12, "fp32": 1100e12}),
+    ("H200", {"bf16": 989e12, "fp32": 494e12}),
+    ("H100 PCIe", {"bf16": 756e12, "fp32": 378e12}),
+    ("H100", {"bf16": 989e12, "fp32": 494e12}),  # SXM
+    ("A100", {"bf16": 312e12, "fp32": 156e12}),
+    ("L40S", {"bf16": 362e12, "fp32": 183e12}),
+    ("L4", {"bf16": 121e12, "fp32": 60e12}),
+    ("A10", {"bf16": 125e12, "fp32": 62.5e12}),
+    ("V100", {"fp16": 125e12, "fp32": 15.7e12}),
+)
+_DTYPE_NAMES = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
+
+
+def _dtype_name(dtype: Any) -> str:
+    name = str(jnp.dtype(dtype)) if not isinstance(dtype, str) else dtype
+    return _DTYPE_NAMES.get(name, name)
+
+
+def peak_flops(device: jax.Device | None = None, dtype: Any = "bf16") -> float | None:
+    """The datasheet peak FLOP/s of one ``device`` for matmuls in ``dtype`` (or ``None``)."""
+    device = device or jax.devices()[0]
+    kind = device.device_kind
+    want = _dtype_name(dtype)
+    for key, peaks in PEAK_FLOPS:
+        if key.lower() in kind.lower():
+            if want in peaks:
+                return peaks[want]
+            if want == "bf16" and "fp16" in peaks:
+                return peaks["fp16"]
+            return None
+    return None
+
+
+def measure_matmul_peak(
+    size: int | None = None,
+    dtype: Any = jnp.float32,
+    *,
+    device: jax.Device | None = None,
+    chain: int = 4,
+    repeats: int = 5,
+    clock: Callable[[], float] = time.perf_counter,
+) -> float:
+    """Measure the FLOP/s of square matmuls on ``device`` (best of ``repeats``).
+
+    ``chain`` dependent matmuls run inside one jitted call, so dispatch and transfer
+    costs vanish next to the arithmetic. This is the denominator the MFU benchmark uses
+    on CPUs, where no datasheet number applies (PERF-NOTES.md: ~180 GFLOP/s f32 here).
+    ``clock=time.process_time`` measures FLOPs per CPU-second of this process instead:
+    on a shared machine that is what is comparable with a step timed the same way.
+    """
+    device = device or jax.devices()[0]
+    if size is None:
+        size = 2048 if device.platform == "cpu" else 8192
+    key = jax.random.key(0)
+    # Scaled so that repeated products stay O(1): no overflow, no denormal slow paths.
+    a = jax.device_put(jax.random.normal(key, (size, size), dtype), device)
+    b = jax.device_put(
+        (jax.random.normal(jax.random.fold_in(key, 1), (size, size)) / np.sqrt(size)).astype(dtype),
+        device,
+    )
+
+    @jax.jit
+    def run(x, y):
+        return jax.lax.fori_loop(0, chain, lambda _, acc: acc @ y, x)
+
+    run(a, b).block_until_ready()
+    times = []
+    for _ in range(repeats):
+        t0 = clock()
+        run(a, b).block_until_ready()
+        times.append(clock() - t0)
+    return 2.0 * size**3 * chain / min(times)
+
+
+def mfu(flops_per_step: float, step_time_s: float, peak_flops_total: float) -> float:
+    """Model FLOPs utilisation: achieved model FLOP/s over the peak of all devices used."""
+    if step_time_s <= 0 or peak_flops_total <= 0:
+        raise ConfigError(
+            f"mfu: step_time_s={step_time_s} and peak_flops_total={peak_flops_total} "
+            "must both be positive."
+        )
+    return flops_per_step / step_time_s / peak_flops_total
+
+
+@dataclasses.dataclass(frozen=True)
+class StepStats:
+    """Speed of the steps measured so far (means over the recent window)."""
+
+    step: int
+    step_time_s: float
+    tokens_per_s: float | None
+    flops_per_s: float | None
+    mfu: float | None
+
+
+class StepMeter:
+    """Times training steps and turns them into tokens/s and MFU.
+
+        meter = StepMeter(tokens_per_step=B * T, flops_per_step=6 * N * B * T,
+                          peak_flops=measure_matmul_peak() * jax.device_count())
+        for step in range(steps):
+            state, metrics = train_step(state, batch)
+            stats = meter.update(metrics)   # blocks on metrics every `every` steps
+
+    The first ``warmup`` steps (compilation) are left out of the averages; ``window``
+    steps are averaged. Blocking only every ``every`` steps keeps JAX's async dispatch
+    running ahead between measurements.
+    """
+
+    def __init__(
+        self,
+        *,
+        tokens_per_step: float | None = None,
+        flops_per_step: float | None = None,
+        peak_flops: float | None = None,
+        warmup: int = 1,
+        window: int = 20,
+        every: int = 1,
+        clock: Callable[[], float] = time.perf_counter,
+    ):
+        if every < 1 or window < 1 or warmup < 0:
+            raise ConfigError(
+                f"StepMeter: every={every} and window={window} must be >= 1, warmup={warmup} >= 0."
+            )
+        self.tokens_per_step = tokens_per_step
+        self.flops_per_step = flops_per_step
+        self.peak_flops = peak_flops
+        self.warmup = warmup
+        self.every = every
+        self.clock = clock
+        self.steps = 0
+        self.times: deque[float] = deque(maxlen=window)
+        self._last = clock()
+        self._since = 0
+
+    def reset_clock(self) -> None:
+        """Start timing from now (e.g. after evaluation or a checkpoint save)."""
+        self._last = self.clock()
+        self._since = 0
+
+    def update(self, outputs: Any = None) -> StepStats | None:
+        """Count one step; on every ``every``-th, wait for ``outputs`` and return stats."""
+        self.steps += 1
+        self._since += 1
+        if self._since < self.every and self.steps > self.warmup:
+            return None
+        if outputs is not None:
+            jax.block_until_ready(outputs)
+        now = self.clock()
+        per_step = (now - self._last) / self._since
+        self._last, self._since = now, 0
+        if self.steps > self.warmup:
+            self.times.append(per_step)
+        return self.stats()
+
+    def stats(self) -> StepStats | None:
+        """Averages over the window (``None`` before the first timed step)."""
+        if not self.times:
+            return None
+        t = statistics.fmean(self.times)
+        tokens = self.tokens_per_step / t if self.tokens_per_step else None
+        flops = self.flops_per_step / t if self.flops_per_step else None
+        util = mfu(self.flops_per_step, t, self.peak_flops) if flops and self.peak_flops else None
+        return StepStats(self.steps, t, tokens, flops, util)
+
+
+# ------------------------------------------------------------------------------- memory
+@dataclasses.dataclass(frozen=True)
+class DeviceMemory:
+    """Memory of one device.
+
+    ``source`` is ``memory_stats`` (the runtime allocator: includes temporaries) or
+    ``arrays`` (live arrays only; ``peak`` is then the largest value seen by this module).
+    """
+
+    device: str
+    process: int
+    in_use: int
+    peak: int | None
+    limit: int | None
+    source: str
+
+
+_array_peaks: dict[int, int] = {}
+
+
+def _array_bytes(devices: Sequence[jax.Device]) -> dict[int, int]:
+    ids = {d.id for d in devices}
+    totals = dict.fromkeys(ids, 0)
+    for arr in jax.live_arrays():
+        try:
+            shards = arr.addressable_shards
+        except Exception:  # deleted or donated while we looked
+            continue
+        for s in shards:
+            if s.device.id in ids:
+                totals[s.device.id] += s.data.nbytes
+    return totals
+
+
+def device_memory(devices: Sequence[jax.Device] | None = None) -> list[DeviceMemory]:
+    """Memory in use and peak for this process's devices (or ``devices``)."""
+    devices = list(jax.local_devices() if devices is None else devices)
+    out: list[DeviceMemory] = []
+    missing = []
+    for d in devices:
+        stats = None
+        try:
+            stats = d.memory_stats()
+        except Exception:  # backends without allocator statistics
+            stats = None
+        if stats and "bytes_in_use" in stats:
+            out.append(
+                DeviceMemory(
+                    str(d),
+                    d.process_index,
+                    int(stats["bytes_in_use"]),
+                    int(stats.get("peak_bytes_in_use", stats["bytes_in_use"])),
+                    int(stats["bytes_limit"]) if "bytes_limit" in stats else None,
+                    "memory_stats",
+                )
+            )
+        else:
+            missing.append(d)
+    if missing:
+        used = _array_bytes(missing)
+        for d in missing:
+            _array_peaks[d.id] = max(_array_peaks.get(d.id, 0), used[d.id])
+            out.append(
+                DeviceMemory(
+                    str(d), d.process_index, used[d.id], _array_peaks[d.id], None, "arrays"
+                )
+            )
+    return out
+
+
+def host_rss_bytes() -> tuple[int, int]:
+    """This process's resident set size now and at its peak, in bytes."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+    try:
+        with open("/proc/self/statm") as f:
+            now = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        now = peak
+    # ru_maxrss is updated lazily by the kernel; the current value can be ahead of it.
+    return now, max(peak, now)
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryReport:
+    """Memory over all processes: the fullest device, the total, and the hosts."""
+
+    max_in_use: int
+    max_peak: int
+    total_in_use: int
+    num_devices: int
+    max_host_rss: int
+    max_host_rss_peak: int
+    source: str
+
+    def short(self) -> str:
+        gib = 2**30
+        return (
+            f"dev {self.max_in_use / gib:.2f}/{self.max_peak / gib:.2f} GiB "
+            f"(max in use/peak), host {self.max_host_rss / gib:.2f} GiB"
+        )
+
+
+def memory_report(devices: Sequence[jax.Device] | None = None) -> MemoryReport:
+    """Device and host memory aggregated over all processes (a collective when several)."""
+    local = device_memory(devices)
+    rss, rss_peak = host_rss_bytes()
+    row = np.array(
+        [
+            max((m.in_use for m in local), default=0),
+            max((m.peak or m.in_use for m in local), default=0),
+            sum(m.in_use for m in local),
+            len(local),
+            rss,
+            rss_peak,
+        ],
+        dtype=np.int64,
+    )
+    if jax.process_count() > 1:
+        from jax.experimental import multihost_utils
+
+        rows = np.asarray(multihost_utils.process_allgather(row)).reshape(-1, row.size)
+    else:
+        rows = row[None]
+    sources = sorted({m.source for m in local})
+    return MemoryReport(
+        max_in_use=int(rows[:, 0].max()),
+        max_peak=int(rows[:, 1].max()),
+        total_in_use=int(rows[:, 2].sum()),
+        num_devices=int(rows[:, 3].sum()),
+        max_host_rss=int(rows[:, 4].max()),
+        max_host_rss_peak=int(rows[:, 5].max()),
+        source="+".join(sources) or "none",
+    )
+
+
+# ------------------------------------------------------------------------------- traces
+class TraceWindow:
+    """Capture a ``jax.profiler`` trace of steps ``start .. start + num_steps - 1``.
+
+        trace = TraceWindow("/tmp/trace", start=10, num_steps=3)
+        for step in range(steps):
+            with trace.step(step):
+                state, metrics = train_step(state, batch)
+            trace.after(step, metrics)
+
+    Skipping the first steps keeps compilation out of the trace. Open the result with
+    TensorBoard's profile plugin or Perfetto (``*.xplane.pb`` / ``*.trace.json.gz``).
+    """
+
+    def __init__(self, log_dir: str | os.PathLike, *, start: int = 3, num_steps: int = 3):
+        if start < 0 or num_steps < 1:
+            raise ConfigError(
+                f"TraceWindow(start={start}, num_steps={num_steps}): start must be >= 0 and "
+                "num_steps >= 1."
+            )
+        self.log_dir = Path(log_dir)
+        self.start, self.stop_after = start, start + num_steps - 1
+        self.active = False
+        self.done = False
+
+    def step(self, step: int) -> Any:
+        """Context for one step: starts the trace at ``start`` and annotates the step."""
+        if step == self.start and not self.active and not self.done:
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+            jax.profiler.start_trace(str(self.log_dir))
+            self.active = True
+            log.info("profiler trace started at step %d -> %s", step, self.log_dir)
+        return jax.profiler.StepTraceAnnotation("train", step_num=step)
+
+    def after(self, step: int, outputs: Any = None) -> None:
+        """Call after the step: stops the trace (waiting for ``outputs``) at its last step."""
+        if self.active and step >= self.stop_after:
+            jax.block_until_ready(outputs)
+            jax.profiler.stop_trace()
+            self.active, self.done = False, True
+            log.info("profiler trace written to %s", self.log_dir)
+
+    def close(self) -> None:
+        """Stop a trace still running (a loop that ended inside the window)."""
+        if self.active:
+            jax.profiler.stop_trace()
+            self.active, self.done = False, True

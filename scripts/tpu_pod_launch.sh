@@ -1,0 +1,35 @@
+#!/bin/bash
+# Run a jaxcore training script on every host of a Cloud TPU pod slice.
+#
+#   TPU_NAME=my-v5e-32 ZONE=us-west4-a PROJECT=my-proj scripts/tpu_pod_launch.sh train.py --steps 1000
+#
+# `jaxcore launch --print-tpu-pod train.py ...` prints the same two commands for one run.
+# The script itself needs no changes: `jaxcore.initialize()` (its first line) finds the
+# pod through JAX's Cloud TPU detection (coordinator = worker 0, one process per host).
+set -euo pipefail
+
+: "${TPU_NAME:?set TPU_NAME to the TPU VM (pod slice) name}"
+: "${ZONE:?set ZONE, e.g. us-central2-b}"
+PROJECT_FLAG=${PROJECT:+--project=${PROJECT}}
+REMOTE_DIR=${REMOTE_DIR:-~/jaxcore-run}   # where the code lands on each worker
+# XLA's host buffers stay mapped instead of being faulted in every step (PERF-NOTES.md).
+TUNABLES="glibc.malloc.hugetlb=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736"
+
+if [ $# -lt 1 ]; then
+  echo "usage: $0 script.py [args...]" >&2
+  exit 2
+fi
+CMD=$(printf '%q ' python3 -u "$@")
+
+# 1. Install the same pinned environment on every worker (once per VM; comment out after).
+gcloud compute tpus tpu-vm ssh "$TPU_NAME" --zone="$ZONE" $PROJECT_FLAG --worker=all \
+  --command="pip install -q 'jaxcore[tpu]'"
+
+# 2. Copy the working directory (scripts, configs) to every worker.
+gcloud compute tpus tpu-vm scp --recurse . "$TPU_NAME:$REMOTE_DIR" \
+  --zone="$ZONE" $PROJECT_FLAG --worker=all
+
+# 3. Start the same command on all workers at once. A pod run only starts when every host
+#    joins, and JAXCORE_INIT_TIMEOUT bounds the wait with an error naming the coordinator.
+gcloud compute tpus tpu-vm ssh "$TPU_NAME" --zone="$ZONE" $PROJECT_FLAG --worker=all \
+  --command="cd $REMOTE_DIR && GLIBC_TUNABLES=$TUNABLES JAXCORE_INIT_TIMEOUT=600 $CMD"

@@ -1,0 +1,234 @@
+"""`jaxcore launch`: a 2 x 4-device run equals 1 x 8 devices; failures stop the run."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import optax
+import pytest
+
+import jaxcore as jc
+from jaxcore.launch import main as launch_main
+from jaxcore.models import lm_loss
+from jaxcore.runtime import MALLOC_TUNABLES
+
+from .helpers import factory, make_batch
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = Path(__file__).parent / "scripts"
+
+
+def launch_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "jaxcore.launch", *args]
+
+
+def clean_env() -> dict[str, str]:
+    """The test process's environment without its 8-device flag or tunables."""
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "GLIBC_TUNABLES")}
+    env["PYTHONPATH"] = str(ROOT)
+    return env
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_two_processes_of_four_devices_match_one_process_of_eight(tmp_path):
+    proc = subprocess.Popen(
+        launch_cmd(
+            "-n",
+            "2",
+            "--devices-per-process",
+            "4",
+            str(SCRIPTS / "train_tiny.py"),
+            "train",
+            str(tmp_path),
+        ),
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    # Meanwhile, the reference: one process, 8 devices, the same global batches.
+    engine = jc.Engine(parallel=jc.ParallelConfig(fsdp=-1), zero=3)
+    state = engine.prepare(factory, optax.sgd(0.1, momentum=0.9))
+    step = engine.train_step(lm_loss)
+    reference = []
+    for seed in range(3):
+        state, metrics = step(state, make_batch(16, seed))
+        reference.append(float(metrics["loss"]))
+
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-3000:]
+    results = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    for r, res in enumerate(results):
+        assert res["process_count"] == 2 and res["local_devices"] == 4 and res["devices"] == 8
+        assert res["source"] == "JAXCORE_*"
+        assert res["glibc_tunables"] == MALLOC_TUNABLES
+        np.testing.assert_allclose(res["losses"], reference, rtol=1e-5)
+        # The uneven eval set comes back whole, in order, padding dropped, on every rank.
+        assert res["gathered"]["id"] == list(range(13)), r
+        assert res["gathered"]["sq"] == [i * i for i in range(13)]
+        assert res["ranks"] == [0, 1]
+    assert "[rank 0] rank 0 losses" in out and "[rank 1] rank 1 losses" in out
+    assert len(set(reference)) == 3  # the loss moves, so equality is informative
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_killing_one_rank_stops_the_launch_and_names_it(tmp_path):
+    proc = subprocess.Popen(
+        launch_cmd(
+            "-n", "2", "--grace", "3", str(SCRIPTS / "train_tiny.py"), "hang", str(tmp_path)
+        ),
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not all((tmp_path / f"pid{r}").exists() for r in range(2)):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "ranks never started"
+            time.sleep(0.2)
+        time.sleep(0.5)
+        os.kill(int((tmp_path / "pid1").read_text()), signal.SIGKILL)
+        killed = time.monotonic()
+        _, err = proc.communicate(timeout=60)
+        elapsed = time.monotonic() - killed
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode != 0
+    assert elapsed < 60
+    assert "rank 1 was killed by SIGKILL" in err, err[-2000:]
+    # Rank 0 is gone too (its process group was stopped).
+    pid0 = int((tmp_path / "pid0").read_text())
+    with pytest.raises(ProcessLookupError):
+        os.kill(pid0, 0)
+
+
+def test_failing_rank_exit_code_and_output(capsys):
+    t0 = time.monotonic()
+    rc = launch_main(["-n", "3", "--grace", "2", str(SCRIPTS / "fail_rank.py")])
+    assert time.monotonic() - t0 < 30  # ranks 0 and 2 were sleeping for 120 s
+    captured = capsys.readouterr()
+    assert rc == 3
+    assert "rank 1 exited with code 3" in captured.err
+    assert "boom: rank 1 cannot go on" in captured.err  # the failing rank's last output
+    # Output is streamed with the rank (ranks 0 and 2 may be stopped before they print).
+    assert "[rank 1] started rank 1 of 3" in captured.out
+
+
+def test_print_slurm_script(capsys):
+    rc = launch_main(
+        [
+            "--print-slurm",
+            "--nodes",
+            "4",
+            "-n",
+            "8",
+            "--devices-per-process",
+            "1",
+            "train.py",
+            "--steps",
+            "100",
+        ]
+    )
+    script = capsys.readouterr().out
+    assert rc == 0
+    assert "#SBATCH --nodes=4" in script and "#SBATCH --ntasks-per-node=8" in script
+    assert "#SBATCH --gpus-per-task=1" in script
+    assert "srun --kill-on-bad-exit=1 python -u train.py --steps 100" in script
+    assert "GLIBC_TUNABLES" in script
+    check = subprocess.run(["bash", "-n"], input=script, text=True, capture_output=True)
+    assert check.returncode == 0, check.stderr
+
+
+def test_print_tpu_pod_command(capsys):
+    rc = launch_main(
+        [
+            "--print-tpu-pod",
+            "--tpu-name",
+            "pod-a",
+            "--zone",
+            "us-east5-a",
+            "--project",
+            "proj",
+            "train.py",
+            "--steps",
+            "10",
+        ]
+    )
+    text = capsys.readouterr().out
+    assert rc == 0
+    ssh = next(line for line in text.splitlines() if "tpu-vm ssh" in line)
+    assert ssh.startswith("gcloud compute tpus tpu-vm ssh pod-a --worker=all")
+    assert "--zone=us-east5-a --project=proj" in ssh
+    assert "python3 -u train.py --steps 10" in ssh
+    check = subprocess.run(["bash", "-n"], input=text, text=True, capture_output=True)
+    assert check.returncode == 0, check.stderr
+
+
+@pytest.mark.parametrize("name", ["tpu_pod_launch.sh", "slurm_train.sbatch"])
+def test_cluster_scripts_parse(name):
+    path = ROOT / "scripts" / name
+    assert path.exists()
+    assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
+
+
+def test_missing_script_is_a_usage_error():
+    with pytest.raises(SystemExit) as e:
+        launch_main(["-n", "2"])
+    assert e.value.code == 2
+
+
+def test_launch_uses_jax_cpu_devices_not_the_parents():
+    # The launcher replaces an inherited device count instead of adding a second flag.
+    from jaxcore.launch import process_env
+
+    env = process_env(
+        1,
+        2,
+        "127.0.0.1:1234",
+        devices_per_process=4,
+        base={"XLA_FLAGS": "--foo --xla_force_host_platform_device_count=8"},
+    )
+    assert env["XLA_FLAGS"].split() == ["--foo", "--xla_force_host_platform_device_count=4"]
+    assert env["JAXCORE_PROCESS_ID"] == "1" and env["JAXCORE_NUM_PROCESSES"] == "2"
+    assert env["JAX_CPU_COLLECTIVES_IMPLEMENTATION"] == "gloo"
+    assert jax.device_count() == 8  # this process is untouched
+
+
+def test_sigterm_to_the_launcher_stops_every_rank(tmp_path):
+    proc = subprocess.Popen(
+        launch_cmd(
+            "-n", "2", "--grace", "2", str(SCRIPTS / "fail_rank.py"), "--sleep", str(tmp_path)
+        ),
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    try:
+        deadline = time.monotonic() + 60
+        while not all((tmp_path / f"pid{r}").exists() for r in range(2)):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 130, err
+    for r in range(2):
+        with pytest.raises(ProcessLookupError):
+            os.kill(int((tmp_path / f"pid{r}").read_text()), 0)

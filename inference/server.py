@@ -16,6 +16,7 @@ import argparse
 import asyncio
 import json
 import logging
+import pathlib
 import threading
 import time
 import uuid
@@ -38,6 +39,7 @@ from inference.protocol import (
     parse,
 )
 from inference.sampling import SamplingParams
+from jaxcore.models import TransformerConfig
 
 log = logging.getLogger(__name__)
 
@@ -488,6 +490,12 @@ def _parser() -> argparse.ArgumentParser:
         "--model", required=True, help="a .safetensors file or a registry name (tiny, small, base)"
     )
     p.add_argument("--tokenizer", default=None, help="tokenizer.json (default: bytes)")
+    p.add_argument(
+        "--config",
+        default=None,
+        help="JSON file of TransformerConfig fields, for weight files that do not carry "
+        "one (jaxcore export_checkpoint files)",
+    )
     p.add_argument("--served-model-name", default=None, help="the name clients pass as 'model'")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
@@ -526,8 +534,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         parallel=parallel,
         seed=args.seed,
     )
+    config = None
+    if args.config:
+        config = TransformerConfig(**json.loads(pathlib.Path(args.config).read_text()))
     llm = LLM(
         args.model,
+        config=config,
         engine=engine,
         tokenizer=args.tokenizer,
         queue_size=args.queue_size,

@@ -3,9 +3,9 @@ safetensors file, or a registry name.
 
 Every path ends in ``(TransformerConfig, params)`` with ``params`` the nested dict of
 arrays that ``TrainState.params`` holds. The safetensors format is flat: keys are the
-``/``-joined parameter paths and the config travels as JSON in the file's metadata
-(``jaxcore_config``), so one file is a complete model. Loading stays small on purpose so
-it can call ``jaxcore.checkpoint``'s portable export once that lands.
+``.``-joined parameter paths (jaxcore's portable format, `jc.save_params`) and the model
+config travels in the file's metadata, so one file is a complete model; files from
+`jc.export_checkpoint` load too when the config is given.
 """
 
 from __future__ import annotations
@@ -25,8 +25,6 @@ import jaxcore as jc
 from jaxcore.models import Transformer, TransformerConfig
 
 log = logging.getLogger(__name__)
-
-CONFIG_KEY = "jaxcore_config"
 
 # Registry names -> config factories. A name serves a freshly initialised model (seeded):
 # for smoke tests and demos; real weights come from a file.
@@ -56,45 +54,20 @@ def build_model(cfg: TransformerConfig, params: dict[str, Any]) -> Transformer:
     return nnx.merge(graphdef, state, rest)
 
 
-def _flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, np.ndarray]:
-    out: dict[str, np.ndarray] = {}
-    for key, value in tree.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            out.update(_flatten(value, name + "/"))
-        else:
-            out[name] = np.ascontiguousarray(np.asarray(jax.device_get(value)))
-    return out
-
-
-def _unflatten(flat: dict[str, np.ndarray]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for name, value in flat.items():
-        node = out
-        *parents, leaf = name.split("/")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
-    return out
-
-
 def save_safetensors(path: str | Path, cfg: TransformerConfig, params: dict[str, Any]) -> Path:
-    """Write ``params`` and ``cfg`` to one portable safetensors file."""
-    from safetensors.numpy import save_file
-
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    save_file(
-        _flatten(params), str(path), metadata={CONFIG_KEY: json.dumps(dataclasses.asdict(cfg))}
-    )
-    return path
+    """Write ``params`` with ``cfg`` in jaxcore's portable format (`jc.save_params`)."""
+    return jc.save_params(params, path, model_config=dataclasses.asdict(cfg))
 
 
-def load_safetensors(path: str | Path) -> tuple[TransformerConfig, dict[str, Any]]:
-    """Read a file written by `save_safetensors` (or a folder with ``model.safetensors``
-    and, when the file has no config metadata, ``config.json``)."""
-    from safetensors import safe_open
+def load_safetensors(
+    path: str | Path, config: TransformerConfig | None = None
+) -> tuple[TransformerConfig, dict[str, Any]]:
+    """Read a jaxcore portable file (`save_safetensors`, `jc.save_params`,
+    `jc.export_checkpoint`), or a folder with ``model.safetensors``.
 
+    The model's config comes from ``config``, else the file's metadata, else a
+    ``config.json`` of `TransformerConfig` fields beside the file.
+    """
     path = Path(path)
     folder = path if path.is_dir() else path.parent
     if path.is_dir():
@@ -102,22 +75,21 @@ def load_safetensors(path: str | Path) -> tuple[TransformerConfig, dict[str, Any
     if not path.is_file():
         raise jc.ConfigError(
             f"model: {path} does not exist. Pass a .safetensors file written by "
-            f"inference.save_safetensors, or one of the registry names {sorted(REGISTRY)}."
+            f"inference.save_safetensors or jc.export_checkpoint, or one of the registry "
+            f"names {sorted(REGISTRY)}."
         )
-    with safe_open(str(path), framework="numpy") as f:
-        meta = f.metadata() or {}
-        flat = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open has no iter)
-    if CONFIG_KEY in meta:
-        fields = json.loads(meta[CONFIG_KEY])
-    elif (folder / "config.json").is_file():
-        fields = json.loads((folder / "config.json").read_text())
-    else:
-        raise jc.ConfigError(
-            f"model: {path} carries no '{CONFIG_KEY}' metadata and no config.json sits beside "
-            "it; save with inference.save_safetensors or add a config.json of "
-            "TransformerConfig fields."
-        )
-    return TransformerConfig(**fields), _unflatten(flat)
+    params, info = jc.read_params(path)
+    if config is not None:
+        return config, params
+    if info.get("model_config"):
+        return TransformerConfig(**info["model_config"]), params
+    if (folder / "config.json").is_file():
+        return TransformerConfig(**json.loads((folder / "config.json").read_text())), params
+    raise jc.ConfigError(
+        f"model: {path} does not say its model config (jc.export_checkpoint files do not); "
+        "pass config=TransformerConfig(...) (or --config for the server), or put a "
+        "config.json of TransformerConfig fields beside it."
+    )
 
 
 def resolve(
@@ -138,7 +110,7 @@ def resolve(
             cfg = config or REGISTRY[str(source)]()
             log.info("serving a freshly initialised %r model (seed %d)", str(source), seed)
             return cfg, init_params(cfg, seed)
-        return load_safetensors(source)
+        return load_safetensors(source, config)
     raise jc.ConfigError(
         f"model: got {type(source).__name__}; pass a registry name {sorted(REGISTRY)}, a "
         ".safetensors path, a jaxcore TrainState, or a params dict with config=."

@@ -13,7 +13,12 @@ from jaxcore.checkpoint import (
     CheckpointError,
     Preempted,
 )
-from jaxcore.checkpointing.portable import export_checkpoint, load_params, save_params
+from jaxcore.checkpointing.portable import (
+    export_checkpoint,
+    load_params,
+    read_params,
+    save_params,
+)
 from jaxcore.distributed import ClusterSettings, CoordinatorTimeoutError, detect, initialize
 from jaxcore.engine import Engine, EngineConfig
 from jaxcore.errors import BatchError, ConfigError, JaxcoreError
@@ -89,6 +94,7 @@ __all__ = [
     "per_device_bytes",
     "process_key",
     "profiling",
+    "read_params",
     "save_params",
     "scan_layers",
     "seed_everything",

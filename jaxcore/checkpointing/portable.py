@@ -40,16 +40,20 @@ def save_params(
     *,
     logical_axes: dict[str, Any] | None = None,
     step: int | None = None,
+    model_config: dict[str, Any] | None = None,
 ) -> pathlib.Path:
     """Write a parameter tree (arrays or NumPy) to one safetensors file (process 0 writes).
 
-    ``logical_axes`` maps ``a/b`` paths (as in a checkpoint record) to axis-name lists.
+    ``logical_axes`` maps ``a/b`` paths (as in a checkpoint record) to axis-name lists;
+    ``model_config`` (JSON-able fields of the model's config) makes the file a complete
+    model that a server can load without being told its shape.
     """
     path = pathlib.Path(path)
     tensors = {k: np.ascontiguousarray(jax.device_get(v)) for k, v in _flat(params).items()}
     axes = {(k or "").replace("/", SEP): v for k, v in (logical_axes or {}).items()}
     info = {
         "step": step,
+        "model_config": model_config,
         "tensors": {
             k: {"dtype": str(v.dtype), "shape": list(v.shape), "logical_axes": axes.get(k)}
             for k, v in tensors.items()
@@ -100,6 +104,22 @@ def read_info(path: str | os.PathLike) -> dict[str, Any]:
     with safe_open(str(path), framework="numpy") as f:
         meta = f.metadata() or {}
     return json.loads(meta["jaxcore"]) if "jaxcore" in meta else {}
+
+
+def read_params(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Every tensor of a safetensors file as a nested dict of NumPy arrays, and its info.
+
+    For tools without an engine (a server, a converter); `load_params` is the sharded way.
+    """
+    params: dict[str, Any] = {}
+    with safe_open(str(path), framework="numpy") as f:
+        for name in f.keys():  # noqa: SIM118 (safe_open is not iterable)
+            node = params
+            *parents, leaf = name.split(SEP)
+            for part in parents:
+                node = node.setdefault(part, {})
+            node[leaf] = f.get_tensor(name)
+    return params, read_info(path)
 
 
 def load_params(path: str | os.PathLike, engine: Any) -> Any:

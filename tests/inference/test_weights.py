@@ -89,3 +89,29 @@ def test_greedy_generation_equals_hugging_face_generate():
     assert ours.output == out[0, len(prompt) :].tolist()
     want = torch.log_softmax(torch.from_numpy(hf_logits), -1).numpy()[np.arange(5), prompt[1:]]
     np.testing.assert_allclose(ours.prompt_logprobs, want, atol=1e-4)
+
+
+def test_checkpoint_export_loads_for_serving(tmp_path):
+    # Train one step, checkpoint it, export the portable file, serve it: the bridge from
+    # training (jaxcore.checkpoint) to inference is the one safetensors format.
+    engine = jc.Engine(parallel=jc.ParallelConfig(fsdp=1), devices=jax.devices()[:1])
+    state = engine.prepare(lambda rngs: Transformer(CFG, rngs=rngs), optax.sgd(0.1))
+    state, _ = engine.train_step(jc.models.lm_loss)(
+        state, {"tokens": np.arange(2 * 17, dtype=np.int32).reshape(2, 17) % 256}
+    )
+    config = jc.CheckpointConfig(
+        directory=tmp_path / "ckpt", async_save=False, save_on_sigterm=False, announce=False
+    )
+    with jc.Checkpointer(config) as ckpt:
+        ckpt.save(state, force=True)
+    exported = jc.export_checkpoint(tmp_path / "ckpt" / "1", tmp_path / "model.safetensors")
+    with pytest.raises(jc.ConfigError, match="does not say its model config"):
+        resolve(str(exported))
+    cfg, params = resolve(str(exported), config=CFG)
+    for a, b in zip(
+        jax.tree.leaves(params), jax.tree.leaves(jax.device_get(state.params)), strict=True
+    ):
+        np.testing.assert_array_equal(a, b)
+    # A file written for serving carries its config, and is jaxcore's portable format.
+    served = save_safetensors(tmp_path / "served.safetensors", cfg, params)
+    assert jc.read_params(served)[1]["model_config"]["rope_theta"] == CFG.rope_theta

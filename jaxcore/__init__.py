@@ -46,6 +46,19 @@ from jaxcore.state import TrainState
 
 __version__ = "0.1.0"
 
+# The experiment layer needs the `experiments` extra (Optuna, SQLAlchemy): loaded on first
+# use so that `import jaxcore` works without it.
+_LAZY = {"experiments": "jaxcore.experiments", "registry": "jaxcore.experiments.registry"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        return importlib.import_module(_LAZY[name])
+    raise AttributeError(f"module 'jaxcore' has no attribute {name!r}")
+
+
 __all__ = [
     "DEFAULT_RULES",
     "MESH_AXES",

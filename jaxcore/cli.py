@@ -15,6 +15,10 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "launch": ("jaxcore.launch", "start N local processes wired together, or print Slurm/TPU"),
     "data": ("data.cli", "build, diff and inspect curated code datasets"),
     "serve": ("inference.server", "serve a model over an OpenAI-compatible HTTP API"),
+    "train": ("jaxcore.experiments.cli", "run one trial of an experiment config"),
+    "experiment": ("jaxcore.experiments.cli", "create, list, describe, pause, resume, kill"),
+    "trial": ("jaxcore.experiments.cli", "inspect trials (logs)"),
+    "model": ("jaxcore.experiments.cli", "the model registry: create, register, list"),
 }
 
 
@@ -45,7 +49,9 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    return int(module.main(rest) or 0)
+    # The experiments CLI serves several groups and takes the group name first.
+    args = [name, *rest] if module_name == "jaxcore.experiments.cli" else rest
+    return int(module.main(args) or 0)
 
 
 if __name__ == "__main__":

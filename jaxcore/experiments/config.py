@@ -1,0 +1,489 @@
+"""Experiment configuration: hyperparameter space, searcher, retention, resources.
+
+An experiment is one YAML file (or dict), loaded into frozen dataclasses and validated
+before any trial starts; every error names the field (``searcher.max_trials``) and the
+fix. The vocabulary follows Determined's experiment config (``hyperparameters`` with
+``const``/``int``/``double``/``log``/``categorical``, ``searcher.name``,
+``checkpoint_storage.save_trial_latest``...) so its users feel at home; ``double`` with
+``log: true`` is our spelling of Determined's ``log`` type (which also accepts ``type: log``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from typing import Any
+
+import yaml
+
+from jaxcore.errors import ConfigError
+
+SEARCHERS = ("single", "grid", "random", "bayesian", "adaptive_asha", "pbt")
+ASHA_MODES = ("aggressive", "standard", "conservative")
+PARAM_TYPES = ("const", "int", "double", "log", "categorical")
+SAMPLERS = ("tpe", "gp")
+PRUNERS = ("none", "median", "successive_halving", "hyperband")
+
+
+def _err(field: str, msg: str) -> ConfigError:
+    return ConfigError(f"experiment config: {field}: {msg}")
+
+
+# --------------------------------------------------------------------- hyperparameters
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Param:
+    """One hyperparameter.
+
+    Attributes:
+        name: its key in ``ctx.hparams``.
+        type: ``const``, ``int``, ``double`` or ``categorical``.
+        val: the value of a ``const``.
+        minval, maxval: inclusive bounds of ``int`` and ``double``.
+        log: sample ``double``/``int`` uniformly in log space (bounds must be > 0).
+        vals: the choices of a ``categorical``.
+        count: grid points for ``int``/``double`` under the grid searcher.
+    """
+
+    name: str
+    type: str
+    val: Any = None
+    minval: float | None = None
+    maxval: float | None = None
+    log: bool = False
+    vals: tuple = ()
+    count: int | None = None
+
+    def __post_init__(self) -> None:
+        f = f"hyperparameters.{self.name}"
+        if self.type not in PARAM_TYPES:
+            raise _err(f"{f}.type", f"{self.type!r} is not one of {PARAM_TYPES}.")
+        if self.type == "categorical" and not self.vals:
+            raise _err(f"{f}.vals", "a categorical needs a non-empty list of values.")
+        if self.type in ("int", "double"):
+            if self.minval is None or self.maxval is None:
+                raise _err(f"{f}.minval/maxval", f"an {self.type} needs both bounds.")
+            if not self.minval <= self.maxval:
+                raise _err(f"{f}.minval", f"minval {self.minval} exceeds maxval {self.maxval}.")
+            if self.log and self.minval <= 0:
+                raise _err(
+                    f"{f}.minval",
+                    f"a log range needs positive bounds (got minval={self.minval}); use a "
+                    "linear range or a positive lower bound such as 1e-6.",
+                )
+        if self.count is not None and (not isinstance(self.count, int) or self.count < 1):
+            raise _err(f"{f}.count", f"{self.count!r}: must be an integer >= 1.")
+
+    def grid(self) -> list[Any]:
+        """The values the grid searcher visits (Determined: ``count`` points per range)."""
+        if self.type == "const":
+            return [self.val]
+        if self.type == "categorical":
+            return list(self.vals)
+        if self.count is None:
+            raise _err(f"hyperparameters.{self.name}.count", "the grid searcher needs a count.")
+        n = self.count
+        lo, hi = float(self.minval), float(self.maxval)
+        if n == 1:
+            pts = [math.sqrt(lo * hi) if self.log else (lo + hi) / 2]
+        elif self.log:
+            a, b = math.log(lo), math.log(hi)
+            pts = [math.exp(a + (b - a) * i / (n - 1)) for i in range(n)]
+        else:
+            pts = [lo + (hi - lo) * i / (n - 1) for i in range(n)]
+        if self.type == "int":
+            return sorted({round(p) for p in pts})
+        return pts
+
+    def sample(self, rng: Any) -> Any:
+        """One random value (``rng``: a `random.Random`)."""
+        if self.type == "const":
+            return self.val
+        if self.type == "categorical":
+            return self.vals[rng.randrange(len(self.vals))]
+        lo, hi = float(self.minval), float(self.maxval)
+        if self.type == "int":
+            if self.log:
+                v = math.floor(math.exp(rng.uniform(math.log(lo), math.log(hi + 1))))
+                return min(max(int(v), int(self.minval)), int(self.maxval))
+            return rng.randint(int(self.minval), int(self.maxval))
+        if self.log:
+            return math.exp(rng.uniform(math.log(lo), math.log(hi)))
+        return rng.uniform(lo, hi)
+
+    def clip(self, value: Any) -> Any:
+        """``value`` moved inside the bounds (PBT's perturbations stay in the space)."""
+        if self.type in ("int", "double"):
+            value = min(max(value, self.minval), self.maxval)
+            return round(value) if self.type == "int" else float(value)
+        return value
+
+
+def parse_hparams(raw: Any) -> tuple[Param, ...]:
+    """``hyperparameters:`` mapping -> `Param`s (plain values become ``const``)."""
+    if raw is None:
+        return ()
+    if not isinstance(raw, dict):
+        raise _err("hyperparameters", "must be a mapping of name -> value or {type: ...}.")
+    out = []
+    for name, spec in raw.items():
+        if not isinstance(spec, dict):
+            out.append(Param(name=str(name), type="const", val=spec))
+            continue
+        spec = dict(spec)
+        kind = spec.pop("type", None)
+        if kind is None:
+            raise _err(f"hyperparameters.{name}.type", f"missing; one of {PARAM_TYPES}.")
+        if kind == "log":  # Determined's spelling: base ** [minval, maxval]
+            base = float(spec.pop("base", 10.0))
+            lo, hi = spec.pop("minval", None), spec.pop("maxval", None)
+            if lo is None or hi is None:
+                raise _err(f"hyperparameters.{name}.minval/maxval", "a log needs both bounds.")
+            kind, spec["minval"], spec["maxval"], spec["log"] = "double", base**lo, base**hi, True
+        known = {"val", "minval", "maxval", "log", "vals", "count"}
+        extra = set(spec) - known
+        if extra:
+            raise _err(f"hyperparameters.{name}", f"unknown keys {sorted(extra)}; use {known}.")
+        if "vals" in spec:
+            spec["vals"] = tuple(spec["vals"] or ())
+        out.append(Param(name=str(name), type=kind, **spec))
+    return tuple(out)
+
+
+# --------------------------------------------------------------------- searcher
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class SearcherConfig:
+    """How trials are chosen and stopped.
+
+    Attributes:
+        name: ``single``, ``grid``, ``random``, ``bayesian``, ``adaptive_asha`` or ``pbt``.
+        metric: the reported metric the searcher ranks trials by (required).
+        smaller_is_better: rank ascending (loss) or descending (accuracy).
+        max_length: steps a trial trains at most (ASHA's top rung; PBT: unused).
+        max_trials: trials to run (random, bayesian, adaptive_asha).
+        max_concurrent_trials: trials running at once (0: as many as slots allow).
+        time_metric: ASHA's notion of time: ``steps`` (the reported step) or the name of
+            a reported metric (``tokens``, ``epochs``); ``max_time`` then replaces
+            ``max_length``.
+        max_time: top-rung time in ``time_metric`` units.
+        divisor, max_rungs, mode, bracket_rungs: adaptive ASHA (Determined's meaning).
+        sampler: Bayesian sampler, ``tpe`` or ``gp`` (Optuna).
+        pruner: Optuna pruner for ``bayesian``: ``none``, ``median``,
+            ``successive_halving``, ``hyperband``.
+        n_startup_trials: random trials before the Bayesian model is used.
+        optuna_storage: an Optuna RDB URL to keep the study in (``None``: in memory).
+        population_size, num_rounds, length_per_round, truncate_fraction,
+            perturb_factor, resample_probability: PBT.
+        seed: seed of every random choice the searcher makes.
+    """
+
+    name: str
+    metric: str | None = None
+    smaller_is_better: bool = True
+    max_length: int | None = None
+    max_trials: int | None = None
+    max_concurrent_trials: int = 0
+    time_metric: str = "steps"
+    max_time: int | None = None
+    divisor: float = 4.0
+    max_rungs: int = 5
+    mode: str = "standard"
+    bracket_rungs: tuple[int, ...] = ()
+    sampler: str = "tpe"
+    pruner: str = "none"
+    n_startup_trials: int = 10
+    optuna_storage: str | None = None
+    population_size: int = 8
+    num_rounds: int = 4
+    length_per_round: int = 100
+    truncate_fraction: float = 0.25
+    perturb_factor: float = 0.2
+    resample_probability: float = 0.2
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        s = "searcher"
+        if self.name not in SEARCHERS:
+            raise _err(f"{s}.name", f"unknown searcher {self.name!r}; use one of {SEARCHERS}.")
+        if not self.metric or not isinstance(self.metric, str):
+            raise _err(f"{s}.metric", "missing: name the reported metric to rank trials by.")
+        if self.name != "pbt" and self.length is None:
+            raise _err(f"{s}.max_length", "missing: how many steps a trial trains (>= 1).")
+        if self.length is not None and (not isinstance(self.length, int) or self.length < 1):
+            raise _err(f"{s}.max_length", f"{self.length!r}: must be an integer >= 1.")
+        if self.name in ("random", "bayesian", "adaptive_asha") and (
+            not isinstance(self.max_trials, int) or self.max_trials < 1
+        ):
+            raise _err(f"{s}.max_trials", f"{self.max_trials!r}: must be an integer >= 1.")
+        if not isinstance(self.max_concurrent_trials, int) or self.max_concurrent_trials < 0:
+            raise _err(f"{s}.max_concurrent_trials", "must be an integer >= 0 (0: no limit).")
+        if self.mode not in ASHA_MODES:
+            raise _err(f"{s}.mode", f"{self.mode!r}; use one of {ASHA_MODES}.")
+        if not self.divisor > 1:
+            raise _err(f"{s}.divisor", f"{self.divisor!r}: must be > 1 (Determined uses 4).")
+        if not isinstance(self.max_rungs, int) or self.max_rungs < 1:
+            raise _err(f"{s}.max_rungs", f"{self.max_rungs!r}: must be an integer >= 1.")
+        if any(not isinstance(r, int) or r < 1 for r in self.bracket_rungs):
+            raise _err(f"{s}.bracket_rungs", "every entry must be an integer >= 1.")
+        if self.sampler not in SAMPLERS:
+            raise _err(f"{s}.sampler", f"{self.sampler!r}; use one of {SAMPLERS}.")
+        if self.pruner not in PRUNERS:
+            raise _err(f"{s}.pruner", f"{self.pruner!r}; use one of {PRUNERS}.")
+        if self.name == "pbt":
+            for f in ("population_size", "num_rounds", "length_per_round"):
+                v = getattr(self, f)
+                if not isinstance(v, int) or v < 1:
+                    raise _err(f"{s}.{f}", f"{v!r}: must be an integer >= 1.")
+            if not 0 < self.truncate_fraction <= 0.5:
+                raise _err(f"{s}.truncate_fraction", "must be in (0, 0.5].")
+            if not 0 <= self.resample_probability <= 1:
+                raise _err(f"{s}.resample_probability", "must be in [0, 1].")
+            if not 0 < self.perturb_factor < 1:
+                raise _err(f"{s}.perturb_factor", "must be in (0, 1) (0.2: x0.8 or x1.2).")
+
+    @property
+    def length(self) -> int | None:
+        """Top-rung length in time units (``max_time`` when set, else ``max_length``)."""
+        return self.max_time if self.max_time is not None else self.max_length
+
+
+# --------------------------------------------------------------------- the rest
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RetentionConfig:
+    """Which checkpoints survive (Determined's ``checkpoint_storage`` policy).
+
+    A checkpoint is kept when it is among its trial's newest ``save_trial_latest``, its
+    trial's best ``save_trial_best``, or the experiment's best ``save_experiment_best``
+    (ranked by the searcher metric reported at or before its step).
+    """
+
+    save_trial_latest: int = 1
+    save_trial_best: int = 1
+    save_experiment_best: int = 0
+
+    def __post_init__(self) -> None:
+        for f in ("save_trial_latest", "save_trial_best", "save_experiment_best"):
+            v = getattr(self, f)
+            if not isinstance(v, int) or v < 0:
+                raise _err(f"checkpoint_storage.{f}", f"{v!r}: must be an integer >= 0.")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ResourcesConfig:
+    """What one trial gets.
+
+    Attributes:
+        devices: accelerator devices per trial (CPU: fake XLA devices), from the slots.
+        slots: devices the scheduler splits among trials (``None``: GPUs found by
+            ``nvidia-smi``, else the CPU count).
+        processes: processes per trial (only 1 is supported by the local scheduler).
+    """
+
+    devices: int = 1
+    slots: int | None = None
+    processes: int = 1
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.devices, int) or self.devices < 1:
+            raise _err("resources.devices", f"{self.devices!r}: must be an integer >= 1.")
+        if self.slots is not None and (not isinstance(self.slots, int) or self.slots < 1):
+            raise _err("resources.slots", f"{self.slots!r}: must be an integer >= 1.")
+        if self.slots is not None and self.slots < self.devices:
+            raise _err("resources.slots", f"{self.slots} slots cannot hold {self.devices} devices.")
+        if self.processes != 1:
+            raise _err(
+                "resources.processes",
+                f"{self.processes}: the local and Ray schedulers run one process per trial; "
+                "give a trial more devices instead (resources.devices).",
+            )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class EarlyStoppingConfig:
+    """Patience / threshold policy on any reported metric (besides the searcher's own).
+
+    Attributes:
+        metric: the metric watched (``None``: off).
+        smaller_is_better: direction of improvement.
+        patience: stop after this many reports without an improvement of ``min_delta``.
+        min_delta: how much better counts as an improvement.
+        threshold: stop once the metric is this good (reached the goal).
+    """
+
+    metric: str | None = None
+    smaller_is_better: bool = True
+    patience: int | None = None
+    min_delta: float = 0.0
+    threshold: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.patience is not None and (not isinstance(self.patience, int) or self.patience < 1):
+            raise _err("early_stopping.patience", f"{self.patience!r}: an integer >= 1.")
+        if self.min_delta < 0:
+            raise _err("early_stopping.min_delta", f"{self.min_delta!r}: must be >= 0.")
+        if self.metric is None and (self.patience is not None or self.threshold is not None):
+            raise _err("early_stopping.metric", "missing: name the metric to watch.")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ExperimentConfig:
+    """One experiment.
+
+    Attributes:
+        name: shown in ``experiment list``.
+        entrypoint: ``module:function`` or ``path/file.py:function`` taking a
+            `TrialContext` (or a `Trial` subclass, whose ``run(ctx)`` is called).
+        hyperparameters: the space (`Param`s).
+        searcher: `SearcherConfig`.
+        max_restarts: how often a failing trial is restarted from its latest checkpoint
+            before it is marked errored.
+        checkpoint_storage: `RetentionConfig`.
+        resources: `ResourcesConfig`.
+        early_stopping: `EarlyStoppingConfig`.
+        workdir: where the store (``jaxcore.db``), checkpoints, logs and TensorBoard
+            files go.
+        database: SQLAlchemy URL (``None``: ``sqlite:///<workdir>/jaxcore.db``).
+        environment: extra environment variables for trial processes.
+        description: free text.
+    """
+
+    name: str
+    entrypoint: str
+    searcher: SearcherConfig
+    hyperparameters: tuple[Param, ...] = ()
+    max_restarts: int = 5
+    checkpoint_storage: RetentionConfig = dataclasses.field(default_factory=RetentionConfig)
+    resources: ResourcesConfig = dataclasses.field(default_factory=ResourcesConfig)
+    early_stopping: EarlyStoppingConfig = dataclasses.field(default_factory=EarlyStoppingConfig)
+    workdir: str = "experiments"
+    database: str | None = None
+    environment: dict = dataclasses.field(default_factory=dict)
+    description: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.name or not isinstance(self.name, str):
+            raise _err("name", "missing: give the experiment a name.")
+        if not isinstance(self.entrypoint, str) or ":" not in self.entrypoint:
+            raise _err(
+                "entrypoint", f"{self.entrypoint!r}: write 'module:function' or 'file.py:function'."
+            )
+        if not isinstance(self.max_restarts, int) or self.max_restarts < 0:
+            raise _err("max_restarts", f"{self.max_restarts!r}: must be an integer >= 0.")
+        if self.searcher.name == "grid":
+            for p in self.hyperparameters:
+                if p.type in ("int", "double") and p.count is None:
+                    raise _err(f"hyperparameters.{p.name}.count", "the grid searcher needs it.")
+        if self.searcher.name == "pbt" and not any(
+            p.type in ("int", "double", "categorical") for p in self.hyperparameters
+        ):
+            raise _err("hyperparameters", "PBT needs at least one non-const hyperparameter.")
+
+    @property
+    def database_url(self) -> str:
+        if self.database:
+            return self.database
+        return f"sqlite:///{os.path.abspath(os.path.join(self.workdir, 'jaxcore.db'))}"
+
+    def param(self, name: str) -> Param:
+        return next(p for p in self.hyperparameters if p.name == name)
+
+
+def _section(cls: type, raw: Any, field: str, **extra: Any) -> Any:
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise _err(field, f"must be a mapping, got {type(raw).__name__}.")
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - names)
+    if unknown:
+        raise _err(f"{field}.{unknown[0]}", f"unknown key; known keys: {sorted(names)}.")
+    kw = dict(raw)
+    if "bracket_rungs" in kw:
+        kw["bracket_rungs"] = tuple(kw["bracket_rungs"] or ())
+    return cls(**kw, **extra)
+
+
+def parse_config(raw: dict[str, Any], *, base_dir: str | None = None) -> ExperimentConfig:
+    """A dict (as read from YAML) -> validated `ExperimentConfig`."""
+    if not isinstance(raw, dict):
+        raise _err("<file>", "the top level must be a mapping.")
+    known = {f.name for f in dataclasses.fields(ExperimentConfig)}
+    unknown = sorted(set(raw) - known)
+    if unknown:
+        raise _err(unknown[0], f"unknown top-level key; known keys: {sorted(known)}.")
+    for key in ("name", "entrypoint", "searcher"):
+        if key not in raw:
+            raise _err(key, "missing.")
+    if not isinstance(raw["searcher"], dict) or "name" not in raw["searcher"]:
+        raise _err("searcher.name", f"missing; use one of {SEARCHERS}.")
+    workdir = str(raw.get("workdir", "experiments"))
+    entry = str(raw["entrypoint"])
+    if base_dir is not None:
+        if not os.path.isabs(workdir):
+            workdir = os.path.join(base_dir, workdir)
+        path, _, fn = entry.rpartition(":")
+        if path.endswith(".py") and not os.path.isabs(path):
+            entry = f"{os.path.join(base_dir, path)}:{fn}"
+    return ExperimentConfig(
+        name=raw["name"],
+        entrypoint=entry,
+        description=str(raw.get("description", "")),
+        hyperparameters=parse_hparams(raw.get("hyperparameters")),
+        searcher=_section(SearcherConfig, raw["searcher"], "searcher"),
+        max_restarts=raw.get("max_restarts", 5),
+        checkpoint_storage=_section(
+            RetentionConfig, raw.get("checkpoint_storage"), "checkpoint_storage"
+        ),
+        resources=_section(ResourcesConfig, raw.get("resources"), "resources"),
+        early_stopping=_section(EarlyStoppingConfig, raw.get("early_stopping"), "early_stopping"),
+        workdir=workdir,
+        database=raw.get("database"),
+        environment={str(k): str(v) for k, v in (raw.get("environment") or {}).items()},
+    )
+
+
+def load_config(path: str | os.PathLike, overrides: dict | None = None) -> ExperimentConfig:
+    """Read and validate a YAML experiment file (relative paths are from the CWD)."""
+    try:
+        with open(path) as f:
+            raw = yaml.safe_load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"experiment config {path}: no such file.") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"experiment config {path}: not valid YAML ({e}).") from None
+    raw = dict(raw or {})
+    raw.update(overrides or {})
+    return parse_config(raw)
+
+
+def to_dict(config: ExperimentConfig) -> dict[str, Any]:
+    """The validated config as a plain dict that `parse_config` reads back (the store's copy)."""
+    hparams: dict[str, Any] = {}
+    for p in config.hyperparameters:
+        if p.type == "const":
+            hparams[p.name] = p.val
+            continue
+        spec: dict[str, Any] = {"type": p.type}
+        if p.type == "categorical":
+            spec["vals"] = list(p.vals)
+        else:
+            spec.update(minval=p.minval, maxval=p.maxval, log=p.log)
+        if p.count is not None:
+            spec["count"] = p.count
+        hparams[p.name] = spec
+    searcher = dataclasses.asdict(config.searcher)
+    searcher["bracket_rungs"] = list(config.searcher.bracket_rungs)
+    return {
+        "name": config.name,
+        "entrypoint": config.entrypoint,
+        "description": config.description,
+        "hyperparameters": hparams,
+        "searcher": searcher,
+        "max_restarts": config.max_restarts,
+        "checkpoint_storage": dataclasses.asdict(config.checkpoint_storage),
+        "resources": dataclasses.asdict(config.resources),
+        "early_stopping": dataclasses.asdict(config.early_stopping),
+        "workdir": os.path.abspath(config.workdir),
+        "database": config.database,
+        "environment": dict(config.environment),
+    }

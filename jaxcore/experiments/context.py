@@ -1,0 +1,298 @@
+"""The trial context: what a training function sees, alone or as one trial of a search.
+
+In the spirit of Determined's Core API (``core.train.report_*``, ``core.preempt``,
+``core.checkpoint``)::
+
+    def train(ctx: TrialContext) -> None:
+        lr = ctx.hparams["lr"]
+        state, loader = ctx.restore(engine, model_factory, optax.adamw(lr), loader)
+        for step in range(ctx.start_step + 1, ctx.max_steps + 1):
+            state, m = train_step(state, next(loader))
+            if ctx.validation_due(step):
+                ctx.report(step, {"loss": float(m["loss"])})
+                ctx.checkpoint(state, loader, step=step)
+            if ctx.should_stop() or ctx.preempted():
+                break
+
+`report` writes every metric to the store and the trial's TensorBoard event file; a
+report that carries the searcher metric is a validation: the searcher sees it before the
+trial goes on (the call waits for its acknowledgement), so ``should_stop`` reflects the
+decision at once, as with Determined's searcher operations.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import pathlib
+import shutil
+import signal
+import threading
+import time
+from typing import Any, Protocol
+
+from jaxcore.experiments.store import Store
+
+log = logging.getLogger(__name__)
+
+ACK_TIMEOUT_S = 600.0
+
+
+class Channel(Protocol):
+    """How a trial hears the searcher's decisions (inline call or the store)."""
+
+    def validation(self, trial_id: int, step: int, values: dict[str, float]) -> None: ...
+    def should_stop(self, trial_id: int) -> bool: ...
+    def paused(self) -> bool: ...
+
+
+class StoreChannel:
+    """Decisions through the database: the scheduler acks each validation."""
+
+    def __init__(self, store: Store, exp_id: int):
+        self.store, self.exp_id = store, exp_id
+        self._row: dict[str, Any] = {}
+        self._checked = 0.0
+        self._paused = False
+        self._paused_checked = 0.0
+
+    def _refresh(self, trial_id: int) -> dict[str, Any]:
+        self._row = self.store.trial(trial_id) or {}
+        self._checked = time.monotonic()
+        return self._row
+
+    def validation(self, trial_id: int, step: int, values: dict[str, float]) -> None:
+        deadline = time.monotonic() + ACK_TIMEOUT_S
+        delay = 0.005
+        while time.monotonic() < deadline:
+            row = self._refresh(trial_id)
+            if row.get("acked_step", -1) >= step or row.get("stop_requested"):
+                return
+            time.sleep(delay)
+            delay = min(delay * 1.5, 0.1)
+        log.warning("trial %d: no searcher acknowledgement of step %d; going on", trial_id, step)
+
+    def should_stop(self, trial_id: int) -> bool:
+        if time.monotonic() - self._checked > 1.0:
+            self._refresh(trial_id)
+        return bool(self._row.get("stop_requested"))
+
+    def paused(self) -> bool:
+        # Checked every training step: read the store at most once a second.
+        if time.monotonic() - self._paused_checked > 1.0:
+            exp = self.store.experiment(self.exp_id) or {}
+            self._paused = exp.get("state") in ("PAUSED", "KILLED")
+            self._paused_checked = time.monotonic()
+        return self._paused
+
+
+class TrialContext:
+    """Hyperparameters, reporting, stop/preempt signals and checkpoints of one trial.
+
+    Attributes:
+        trial_id, experiment_id: the store's ids.
+        hparams: this trial's hyperparameters.
+        max_steps: train up to this step (the searcher's length for the trial).
+        start_step: the step restored from (0 when fresh); set by `restore`.
+        milestones: steps the searcher wants a validation at (ASHA's rungs).
+        trial_dir: ``<workdir>/exp-<id>/trial-<id>``: checkpoints, logs, TensorBoard.
+        searcher_metric: the metric whose reports are validations.
+    """
+
+    def __init__(
+        self,
+        *,
+        store: Store,
+        trial_id: int,
+        channel: Channel,
+        validation_period: int | None = None,
+        tensorboard: bool = True,
+    ):
+        self.store = store
+        self.trial_id = trial_id
+        self.channel = channel
+        row = store.trial(trial_id)
+        exp = store.experiment(row["experiment_id"])
+        self.experiment_id: int = row["experiment_id"]
+        self.config: dict[str, Any] = exp["config"]
+        self.hparams: dict[str, Any] = dict(row["hparams"])
+        self.max_steps: int = int(row["max_length"])
+        self.milestones: tuple[int, ...] = tuple(row.get("milestones") or ())
+        self.start_step = 0
+        self.restarts: int = int(row["restarts"])
+        self.searcher_metric: str = self.config["searcher"]["metric"]
+        self.validation_period = validation_period
+        self.trial_dir = trial_dir(exp["workdir"], self.experiment_id, trial_id)
+        self.checkpoint_dir = self.trial_dir / "checkpoints"
+        self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        self._last_validation: dict[str, float] = {}
+        self._sigterm = False
+        self._checkpointer: Any = None
+        self._tb: Any = None
+        self._tb_enabled = tensorboard
+        if threading.current_thread() is threading.main_thread():
+            try:
+                self._prev = signal.signal(signal.SIGTERM, self._on_sigterm)
+            except ValueError:
+                self._prev = None
+        else:
+            self._prev = None
+
+    # ----------------------------------------------------------------- signals
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        self._sigterm = True
+        if self._checkpointer is not None:
+            self._checkpointer._sigterm = True  # its next save writes and exits with 75
+
+    def should_stop(self) -> bool:
+        """Whether the searcher (or an early-stopping policy) wants this trial to end."""
+        return self.channel.should_stop(self.trial_id)
+
+    def preempted(self) -> bool:
+        """Whether the trial should checkpoint and exit now (SIGTERM, experiment paused)."""
+        return self._sigterm or self.channel.paused()
+
+    def validation_due(self, step: int) -> bool:
+        """Whether ``step`` is one the searcher wants a validation at."""
+        if step >= self.max_steps or step in self.milestones:
+            return True
+        return bool(self.validation_period) and step % self.validation_period == 0
+
+    # ----------------------------------------------------------------- reporting
+    def report(self, step: int, metrics: dict[str, Any]) -> None:
+        """Record ``metrics`` at ``step``; a report with the searcher metric is a validation."""
+        values = {k: float(v) for k, v in metrics.items()}
+        kind = "validation" if self.searcher_metric in values else "training"
+        if kind == "validation" and not math.isfinite(values[self.searcher_metric]):
+            log.warning(
+                "trial %d: %s is %s at step %d",
+                self.trial_id,
+                self.searcher_metric,
+                values[self.searcher_metric],
+                step,
+            )
+        self.store.add_metrics(self.trial_id, step, values, kind)
+        self._tensorboard(step, values, kind)
+        if kind == "validation":
+            self._last_validation = values
+            self.channel.validation(self.trial_id, step, values)
+
+    def _tensorboard(self, step: int, values: dict[str, float], kind: str) -> None:
+        if not self._tb_enabled:
+            return
+        if self._tb is None:
+            from tensorboardX import SummaryWriter
+
+            self._tb = SummaryWriter(str(self.trial_dir / "tensorboard"), flush_secs=5)
+        for k, v in values.items():
+            self._tb.add_scalar(f"{kind}/{k}", v, step)
+
+    # ----------------------------------------------------------------- checkpoints
+    def checkpointer(self) -> Any:
+        """A `jaxcore.Checkpointer` on this trial's directory (retention is the store's)."""
+        if self._checkpointer is None:
+            import jaxcore as jc
+
+            self._checkpointer = jc.Checkpointer(
+                jc.CheckpointConfig(
+                    directory=self.checkpoint_dir,
+                    keep_last=None,
+                    async_save=False,
+                    save_on_sigterm=False,
+                    announce=False,
+                ),
+                run_config={"trial": self.trial_id, "hparams": self.hparams},
+            )
+            self._checkpointer._sigterm = self._sigterm
+        return self._checkpointer
+
+    def checkpoint(
+        self,
+        state: Any,
+        loader: Any = None,
+        *,
+        step: int | None = None,
+        metrics: dict[str, Any] | None = None,
+    ) -> pathlib.Path:
+        """Save ``state`` (a `jaxcore.TrainState` through Orbax, or any JSON-able value).
+
+        The checkpoint is recorded in the store with ``metrics`` (default: the last
+        validation), which ranks it for ``save_trial_best``/``save_experiment_best``.
+        """
+        from jaxcore.state import TrainState
+
+        values = {k: float(v) for k, v in (metrics or self._last_validation).items()}
+        if isinstance(state, TrainState):
+            import jax
+
+            ckpt = self.checkpointer()
+            step = int(jax.device_get(state.step)) if step is None else int(step)
+            ckpt.save(state, loader, metrics=values or None, force=True, step=step)
+            ckpt.wait()
+            path, fmt = ckpt.step_dir(step), "orbax"
+        else:
+            if step is None:
+                raise ValueError("ctx.checkpoint(state, step=...): give the step of a plain state")
+            path, fmt = self.checkpoint_dir / str(int(step)), "json"
+            tmp = self.checkpoint_dir / f".tmp-{step}"
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)
+            (tmp / "state.json").write_text(json.dumps({"step": int(step), "state": state}))
+            shutil.rmtree(path, ignore_errors=True)
+            os.replace(tmp, path)
+        self.store.add_checkpoint(self.trial_id, step, str(path), fmt, values)
+        return path
+
+    def latest_checkpoint(self) -> dict[str, Any] | None:
+        """The newest checkpoint row of this trial that is still on disk."""
+        rows = self.store.checkpoints(trial_id=self.trial_id, state="COMPLETED")
+        rows = [r for r in rows if pathlib.Path(r["path"]).exists()]
+        return max(rows, key=lambda r: r["step"]) if rows else None
+
+    def restore(
+        self, engine: Any = None, model: Any = None, optimizer: Any = None, loader: Any = None
+    ) -> Any:
+        """Resume from this trial's latest checkpoint (or its PBT parent's), else start.
+
+        With an engine: ``(state, loader)`` as from `Checkpointer.restore_or_init`. Without
+        one: the saved plain state, or ``None`` when there is none. Sets ``start_step``.
+        """
+        if engine is not None:
+            ckpt = self.checkpointer()
+            state, loader = ckpt.restore_or_init(engine, model, optimizer, loader)
+            self.start_step = ckpt.resumed_step or 0
+            return state, loader
+        row = self.latest_checkpoint()
+        if row is None:
+            self.start_step = 0
+            return None
+        saved = json.loads((pathlib.Path(row["path"]) / "state.json").read_text())
+        self.start_step = int(saved["step"])
+        return saved["state"]
+
+    def close(self) -> None:
+        if self._checkpointer is not None:
+            self._checkpointer.close()
+            self._checkpointer = None
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
+        if self._prev is not None:
+            signal.signal(signal.SIGTERM, self._prev)
+            self._prev = None
+
+
+class Trial:
+    """Class form of a trial: subclass, implement ``run``; ``self.ctx`` is the context."""
+
+    def __init__(self, ctx: TrialContext):
+        self.ctx = ctx
+
+    def run(self) -> None:
+        raise NotImplementedError("a Trial subclass implements run()")
+
+
+def trial_dir(workdir: str, exp_id: int, trial_id: int) -> pathlib.Path:
+    return pathlib.Path(workdir) / f"exp-{exp_id}" / f"trial-{trial_id}"

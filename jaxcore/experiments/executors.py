@@ -1,0 +1,272 @@
+"""Where trials run: inline (tests, ``jaxcore train``), local subprocesses, or Ray tasks.
+
+Every executor answers the same four calls from the experiment loop: how many trials fit
+(``capacity``), ``launch`` a trial, ``poll`` for trials that ended (with their exit
+status), and ``signal`` one (SIGTERM to preempt, SIGKILL to kill).
+
+The local executor splits the machine's devices into slots: a trial asking for ``d``
+devices gets ``d`` GPU ids in ``CUDA_VISIBLE_DEVICES`` (TPU: ``TPU_VISIBLE_CHIPS``), or
+on CPU ``d`` fake XLA devices, so several trials share a node without seeing each
+other's accelerators (what Determined's agent does with its slots).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import traceback
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+
+def detect_platform() -> tuple[str, int]:
+    """``("gpu", n)`` when ``nvidia-smi -L`` lists GPUs, else ``("cpu", cpu_count)``."""
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10)
+        n = sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
+        if n:
+            return "gpu", n
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return "cpu", os.cpu_count() or 1
+
+
+def trial_env(platform: str, devices: list[int], base: dict[str, str]) -> dict[str, str]:
+    env = dict(base)
+    if platform == "gpu":
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, devices))
+    elif platform == "tpu":
+        env["TPU_VISIBLE_CHIPS"] = ",".join(map(str, devices))
+    else:
+        flags = [
+            f
+            for f in env.get("XLA_FLAGS", "").split()
+            if "xla_force_host_platform_device_count" not in f
+        ]
+        flags.append(f"--xla_force_host_platform_device_count={len(devices)}")
+        env["XLA_FLAGS"] = " ".join(flags)
+        env["JAX_PLATFORMS"] = "cpu"
+    return env
+
+
+class Executor:
+    inline = False
+
+    def capacity(self) -> int:
+        raise NotImplementedError
+
+    def launch(self, trial_id: int, env: dict[str, str], log_path: pathlib.Path) -> None:
+        raise NotImplementedError
+
+    def poll(self) -> list[tuple[int, int]]:
+        raise NotImplementedError
+
+    def signal(self, trial_id: int, sig: int) -> None:
+        pass
+
+    def running(self) -> set[int]:
+        return set()
+
+    def close(self) -> None:
+        pass
+
+
+class InlineExecutor(Executor):
+    """Runs each trial to its end inside this process, one at a time (deterministic)."""
+
+    inline = True
+
+    def __init__(self) -> None:
+        self.loop: Any = None  # set by the experiment loop
+        self._done: list[tuple[int, int]] = []
+
+    def capacity(self) -> int:
+        return 1
+
+    def launch(self, trial_id: int, env: dict[str, str], log_path: pathlib.Path) -> None:
+        from jaxcore.experiments.context import TrialContext
+        from jaxcore.experiments.runner import call_entrypoint, load_entrypoint
+
+        ctx = TrialContext(store=self.loop.store, trial_id=trial_id, channel=self.loop.channel)
+        code = 0
+        try:
+            call_entrypoint(load_entrypoint(self.loop.config.entrypoint), ctx)
+        except SystemExit as e:
+            code = e.code if isinstance(e.code, int) else 1
+        except Exception:
+            code = 1
+            log_path.parent.mkdir(parents=True, exist_ok=True)
+            with open(log_path, "a") as f:
+                f.write(traceback.format_exc())
+            log.warning("trial %d failed:\n%s", trial_id, traceback.format_exc())
+        finally:
+            ctx.close()
+        self._done.append((trial_id, code))
+
+    def poll(self) -> list[tuple[int, int]]:
+        done, self._done = self._done, []
+        return done
+
+
+class LocalExecutor(Executor):
+    """Trial subprocesses on this machine, each with its own device slot."""
+
+    def __init__(
+        self, *, devices_per_trial: int = 1, slots: int | None = None, platform: str | None = None
+    ):
+        detected, count = detect_platform() if platform is None or slots is None else (platform, 0)
+        self.platform = platform or detected
+        self.total = slots or count
+        self.per_trial = devices_per_trial
+        self.free = list(range(self.total))
+        self.procs: dict[int, tuple[subprocess.Popen, list[int], Any]] = {}
+
+    def capacity(self) -> int:
+        return max(1, self.total // self.per_trial)
+
+    def launch(self, trial_id: int, env: dict[str, str], log_path: pathlib.Path) -> None:
+        devices, self.free = self.free[: self.per_trial], self.free[self.per_trial :]
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        out = open(log_path, "ab")  # noqa: SIM115 (held open for the process's life)
+        out.write(f"=== trial {trial_id} on {self.platform} devices {devices} ===\n".encode())
+        out.flush()
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "jaxcore.experiments.runner"],
+            env=trial_env(self.platform, devices, env),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # a trial and its children are signalled as a group
+        )
+        self.procs[trial_id] = (proc, devices, out)
+
+    def poll(self) -> list[tuple[int, int]]:
+        done = []
+        for trial_id, (proc, devices, out) in list(self.procs.items()):
+            code = proc.poll()
+            if code is None:
+                continue
+            out.close()
+            self.free = sorted(self.free + devices)
+            del self.procs[trial_id]
+            done.append((trial_id, code))
+        return done
+
+    def signal(self, trial_id: int, sig: int) -> None:
+        if trial_id in self.procs:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.procs[trial_id][0].pid, sig)
+
+    def running(self) -> set[int]:
+        return set(self.procs)
+
+    def close(self) -> None:
+        for trial_id in list(self.procs):
+            self.signal(trial_id, signal.SIGKILL)
+        for proc, _, out in self.procs.values():
+            proc.wait()
+            out.close()
+        self.procs.clear()
+
+
+def _die_with_parent() -> None:
+    """Linux: the child gets SIGKILL when its parent dies (a force-cancelled Ray task)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def _ray_trial(env: dict[str, str], log_path: str) -> int:
+    """A Ray task: run the trial in a child process (fresh JAX, its own devices)."""
+    pathlib.Path(log_path).parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "ab") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "jaxcore.experiments.runner"],
+            env={**os.environ, **env},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            preexec_fn=_die_with_parent,
+        )
+        try:
+            return proc.wait()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+
+
+class RayExecutor(Executor):
+    """Trials as Ray tasks on a cluster (``ray.init(address)``); the store must be shared.
+
+    Each task asks Ray for ``devices`` GPUs (``num_gpus``) when the cluster has GPUs, or
+    one CPU otherwise; Ray sets ``CUDA_VISIBLE_DEVICES`` for it. Use a PostgreSQL URL
+    (or a shared filesystem for SQLite) so every node reaches the store.
+    """
+
+    def __init__(
+        self,
+        *,
+        address: str | None = None,
+        devices_per_trial: int = 1,
+        max_concurrent: int | None = None,
+    ):
+        import ray
+
+        self.ray = ray
+        if not ray.is_initialized():
+            ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+        resources = ray.cluster_resources()
+        self.gpus = int(resources.get("GPU", 0))
+        self.per_trial = devices_per_trial
+        cpus = int(resources.get("CPU", 1))
+        fit = self.gpus // devices_per_trial if self.gpus else cpus
+        self.cap = max(1, min(fit, max_concurrent or fit))
+        self.refs: dict[int, Any] = {}
+
+    def capacity(self) -> int:
+        return self.cap
+
+    def launch(self, trial_id: int, env: dict[str, str], log_path: pathlib.Path) -> None:
+        if self.gpus:
+            task = self.ray.remote(num_gpus=self.per_trial, num_cpus=1)(_ray_trial)
+        else:
+            task = self.ray.remote(num_cpus=1)(_ray_trial)
+            env = trial_env("cpu", list(range(self.per_trial)), env)
+        self.refs[trial_id] = task.remote(env, str(log_path))
+
+    def poll(self) -> list[tuple[int, int]]:
+        if not self.refs:
+            return []
+        ready, _ = self.ray.wait(list(self.refs.values()), num_returns=len(self.refs), timeout=0)
+        done = []
+        for trial_id, ref in list(self.refs.items()):
+            if ref in ready:
+                try:
+                    code = int(self.ray.get(ref))
+                except Exception as e:  # the task (or its node) died
+                    log.warning("trial %d: Ray task failed: %s", trial_id, e)
+                    code = 1
+                del self.refs[trial_id]
+                done.append((trial_id, code))
+        return done
+
+    def signal(self, trial_id: int, sig: int) -> None:
+        # Ray cannot deliver a signal to a task's child; a kill cancels the task (its
+        # child is killed with it), a preemption goes through the store (paused state).
+        if sig == signal.SIGKILL and trial_id in self.refs:
+            self.ray.cancel(self.refs[trial_id], force=True)
+
+    def running(self) -> set[int]:
+        return set(self.refs)
+
+    def close(self) -> None:
+        for ref in self.refs.values():
+            self.ray.cancel(ref, force=True)
+        self.refs.clear()

@@ -1,0 +1,198 @@
+"""Model registry: named models, numbered versions, aliases, and `load`.
+
+Registering a checkpoint as a version exports its parameters to
+``<registry_dir>/<name>/v<N>/model.safetensors`` (`jaxcore.export_checkpoint`), so the
+version outlives checkpoint retention and loads without the training code. Versions
+are numbered 1, 2, ... per model; aliases (``production``, ``staging``) point at one
+version each and move when set again (MLflow's aliases, Determined's model registry)::
+
+    reg = Registry("sqlite:///runs/jaxcore.db")
+    reg.create_model("tiny-lm", description="byte-level LM")
+    v = reg.register("tiny-lm", checkpoint=ckpt_id, aliases=["staging"])
+    params = jaxcore.registry.load("tiny-lm", "staging", db="sqlite:///runs/jaxcore.db")
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pathlib
+import shutil
+from typing import Any
+
+from jaxcore.errors import ConfigError
+from jaxcore.experiments.store import Store
+
+DEFAULT_DB = "sqlite:///experiments/jaxcore.db"
+
+
+def default_url() -> str:
+    return os.environ.get("JAXCORE_DB_URL", DEFAULT_DB)
+
+
+class Registry:
+    """Registry operations on one store; files go to ``directory`` (default: next to
+    the SQLite file, or ``./registry`` for a server database)."""
+
+    def __init__(self, db: str | Store | None = None, *, directory: str | None = None):
+        self.store = db if isinstance(db, Store) else Store(db or default_url())
+        if directory is None:
+            url = self.store.url
+            base = os.path.dirname(url.removeprefix("sqlite:///")) if self.store.is_sqlite else "."
+            directory = os.path.join(base or ".", "registry")
+        self.directory = pathlib.Path(directory).absolute()
+
+    def _model(self, name: str) -> dict[str, Any]:
+        model = self.store.model(name)
+        if model is None:
+            raise ConfigError(
+                f"model {name!r} is not registered; create it with 'jaxcore model create {name}'."
+            )
+        return model
+
+    def create_model(
+        self,
+        name: str,
+        *,
+        description: str = "",
+        metadata: dict | None = None,
+        tags: list[str] | None = None,
+    ) -> int:
+        if self.store.model(name) is not None:
+            raise ConfigError(f"model {name!r} already exists; register a version instead.")
+        return self.store.create_model(name, description, metadata, tags)
+
+    def register(
+        self,
+        name: str,
+        *,
+        checkpoint: int | str,
+        description: str = "",
+        metadata: dict | None = None,
+        tags: list[str] | None = None,
+        aliases: list[str] | tuple[str, ...] = (),
+    ) -> int:
+        """Add ``checkpoint`` (a store checkpoint id, or a checkpoint step directory) as the
+        next version of ``name``; returns the version number."""
+        model = self._model(name)
+        ckpt_row = None
+        if isinstance(checkpoint, int) or str(checkpoint).isdigit():
+            ckpt_row = self.store.checkpoint(int(checkpoint))
+            if ckpt_row is None or ckpt_row["state"] != "COMPLETED":
+                raise ConfigError(
+                    f"checkpoint {checkpoint} does not exist (or was deleted by "
+                    "retention); list them with 'jaxcore experiment describe'."
+                )
+            src = pathlib.Path(ckpt_row["path"])
+        else:
+            src = pathlib.Path(checkpoint)
+        if not src.is_dir():
+            raise ConfigError(f"checkpoint directory {src} does not exist.")
+        # The number is assigned by the store (atomically); the files follow.
+        version = self.store.add_version(
+            model["id"],
+            checkpoint_id=ckpt_row["id"] if ckpt_row else None,
+            path="",
+            description=description,
+            meta=metadata or {},
+            tags=tags or [],
+            metrics=(ckpt_row or {}).get("metrics"),
+        )
+        dst = self.directory / name / f"v{version}"
+        dst.mkdir(parents=True, exist_ok=True)
+        if (src / "state.json").exists():
+            shutil.copy(src / "state.json", dst / "state.json")
+            path = dst / "state.json"
+        else:
+            from jaxcore.checkpointing.portable import export_checkpoint
+
+            path = export_checkpoint(src, dst / "model.safetensors")
+        from jaxcore.experiments import store as st
+
+        self.store._run(
+            lambda c: c.execute(
+                st.model_versions.update()
+                .where(
+                    st.model_versions.c.model_id == model["id"],
+                    st.model_versions.c.version == version,
+                )
+                .values(path=str(path))
+            )
+        )
+        for alias in aliases:
+            self.set_alias(name, alias, version)
+        return version
+
+    def set_alias(self, name: str, alias: str, version: int) -> None:
+        model = self._model(name)
+        if version not in {v["version"] for v in self.store.versions(model["id"])}:
+            raise ConfigError(f"model {name!r} has no version {version}.")
+        self.store.set_alias(model["id"], alias, version)
+
+    def list(self) -> list[dict[str, Any]]:
+        out = []
+        for m in self.store.models():
+            versions = self.store.versions(m["id"])
+            out.append({**m, "versions": len(versions), "aliases": self.store.aliases(m["id"])})
+        return out
+
+    def describe(self, name: str) -> dict[str, Any]:
+        model = self._model(name)
+        return {
+            **model,
+            "versions": self.store.versions(model["id"]),
+            "aliases": self.store.aliases(model["id"]),
+        }
+
+    def compare(self, name: str, metric: str, *, smaller_is_better: bool = True) -> list[dict]:
+        """Versions ordered best-first by ``metric`` (versions without it come last)."""
+
+        def key(v: dict) -> float:
+            value = (v.get("metrics") or {}).get(metric)
+            if value is None:
+                return math.inf
+            return value if smaller_is_better else -value
+
+        return sorted(self.describe(name)["versions"], key=key)
+
+    def resolve(self, name: str, ref: int | str) -> dict[str, Any]:
+        """The version row for a number, ``"latest"``, or an alias."""
+        info = self.describe(name)
+        versions = {v["version"]: v for v in info["versions"]}
+        if not versions:
+            raise ConfigError(f"model {name!r} has no versions yet.")
+        if ref == "latest":
+            return versions[max(versions)]
+        if isinstance(ref, int) or str(ref).isdigit():
+            if int(ref) not in versions:
+                raise ConfigError(f"model {name!r} has versions {sorted(versions)}, not {ref}.")
+            return versions[int(ref)]
+        if ref not in info["aliases"]:
+            raise ConfigError(
+                f"model {name!r} has no alias {ref!r} (aliases: {sorted(info['aliases'])})."
+            )
+        return versions[info["aliases"][ref]]
+
+    def load(self, name: str, ref: int | str = "latest", *, engine: Any = None) -> Any:
+        """Parameters of a version: a nested dict of NumPy arrays, or, with a prepared
+        ``engine``, arrays sharded on its mesh (`jaxcore.load_params`)."""
+        path = pathlib.Path(self.resolve(name, ref)["path"])
+        if path.name == "state.json":
+            return json.loads(path.read_text())["state"]
+        if engine is not None:
+            from jaxcore.checkpointing.portable import load_params
+
+            return load_params(path, engine)
+        from jaxcore.checkpointing.portable import read_params
+
+        return read_params(path)[0]
+
+
+def load(name: str, ref: int | str = "latest", *, db: str | None = None, engine: Any = None) -> Any:
+    """``jaxcore.registry.load("tiny-lm", "production")``: a registered version's params."""
+    reg = Registry(db)
+    try:
+        return reg.load(name, ref, engine=engine)
+    finally:
+        reg.store.close()

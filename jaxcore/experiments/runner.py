@@ -1,0 +1,81 @@
+"""Run one trial: the body of a trial process (``python -m jaxcore.experiments.runner``).
+
+The scheduler starts it with ``JAXCORE_DB_URL`` and ``JAXCORE_TRIAL_ID`` in the
+environment (and the trial's device slot in ``XLA_FLAGS`` / ``CUDA_VISIBLE_DEVICES``);
+it loads the experiment's entrypoint and calls it with a `TrialContext`. Exit status:
+0 done, `jaxcore.PREEMPTION_EXIT_CODE` preempted (requeue), anything else failed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import logging
+import os
+import pathlib
+import sys
+from typing import Any
+
+from jaxcore.errors import ConfigError
+
+
+def load_entrypoint(spec: str) -> Any:
+    """``module:attr`` or ``path/to/file.py:attr`` -> the function or `Trial` class."""
+    target, _, attr = spec.rpartition(":")
+    if target.endswith(".py"):
+        path = pathlib.Path(target)
+        if not path.exists():
+            raise ConfigError(f"entrypoint {spec!r}: {path} does not exist.")
+        name = f"_jaxcore_trial_{abs(hash(str(path.resolve())))}"
+        mod_spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(mod_spec)
+        sys.modules[name] = module
+        sys.path.insert(0, str(path.parent.resolve()))
+        mod_spec.loader.exec_module(module)
+    else:
+        try:
+            module = importlib.import_module(target)
+        except ImportError as e:
+            raise ConfigError(f"entrypoint {spec!r}: cannot import {target} ({e}).") from None
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise ConfigError(f"entrypoint {spec!r}: {target} has no {attr!r}.") from None
+
+
+def call_entrypoint(fn: Any, ctx: Any) -> Any:
+    from jaxcore.experiments.context import Trial
+
+    if inspect.isclass(fn) and issubclass(fn, Trial):
+        return fn(ctx).run()
+    return fn(ctx)
+
+
+def run_trial(db_url: str, trial_id: int) -> None:
+    """Build the context through the store and run the experiment's entrypoint."""
+    from jaxcore.experiments.context import StoreChannel, TrialContext
+    from jaxcore.experiments.store import Store
+
+    store = Store(db_url, create=False)
+    row = store.trial(trial_id)
+    exp = store.experiment(row["experiment_id"])
+    ctx = TrialContext(store=store, trial_id=trial_id, channel=StoreChannel(store, exp["id"]))
+    try:
+        call_entrypoint(load_entrypoint(exp["config"]["entrypoint"]), ctx)
+    finally:
+        ctx.close()
+        store.close()
+
+
+def main() -> int:
+    logging.basicConfig(
+        level=os.environ.get("JAXCORE_LOG_LEVEL", "INFO"),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    run_trial(os.environ["JAXCORE_DB_URL"], int(os.environ["JAXCORE_TRIAL_ID"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""Trial functions for the experiment tests: synthetic (pure Python) and real (tiny LM)."""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+import signal
+
+BEST_X = 0.7
+
+
+def asha_curve(x: float, step: int) -> float:
+    """A learning curve whose ranking of ``x`` is the same at every step (best: 0.7)."""
+    return (1 + (x - BEST_X) ** 2) * (1 + 10 / step)
+
+
+def asha_quad(ctx) -> None:
+    """Reports only where the searcher wants a validation (its rungs and the end)."""
+    x = ctx.hparams["x"]
+    for step in range(ctx.start_step + 1, ctx.max_steps + 1):
+        if ctx.validation_due(step):
+            ctx.report(step, {"loss": asha_curve(x, step)})
+            if ctx.should_stop():
+                break
+
+
+def smooth2d(x: float, y: float) -> float:
+    """A smooth bowl with a tilted valley; minimum 0 at (0.5, -0.3)."""
+    u, v = x - 0.5, y + 0.3
+    return u**2 + 3 * v**2 + 0.8 * u * v
+
+
+def bowl(ctx) -> None:
+    ctx.report(1, {"loss": smooth2d(ctx.hparams["x"], ctx.hparams["y"])})
+
+
+def noisy_sgd(ctx) -> None:
+    """PBT's schedule-dependent problem: SGD on a noisy quadratic, 64 particles.
+
+    A large learning rate converges fast but sits on a high noise floor (~lr * sigma^2 /
+    2); a small one has a low floor but converges slowly. The best *schedule* starts
+    large and decays, which a fixed learning rate cannot do and PBT can.
+    """
+    state = ctx.restore()
+    if state is None:
+        rng = random.Random(ctx.hparams.get("seed", 0))
+        state = {"theta": [10.0] * 64, "rng": rng.getstate()[1][:1][0]}
+    theta = state["theta"]
+    rng = random.Random(state["rng"] + ctx.start_step * 7919 + ctx.trial_id)
+    lr = ctx.hparams["lr"]
+    step = ctx.start_step
+    while step < ctx.max_steps:
+        step += 1
+        theta = [t - lr * (t + rng.gauss(0.0, 3.0)) for t in theta]
+    loss = sum(t * t for t in theta) / len(theta)
+    ctx.report(step, {"loss": loss})
+    ctx.checkpoint({"theta": theta, "rng": state["rng"]}, step=step)
+
+
+def ckpt_curve(ctx) -> None:
+    """Checkpoints every 2 steps with a non-monotonic metric (best != latest)."""
+    x = ctx.hparams["x"]
+    for step in range(ctx.start_step + 1, ctx.max_steps + 1):
+        if step % 2 == 0:
+            loss = abs(x - 0.5) + 0.3 * math.sin(step * 1.3 + 4 * x) + 1.0
+            ctx.report(step, {"loss": loss})
+            ctx.checkpoint({"x": x, "step": step}, step=step)
+            if ctx.should_stop():
+                break
+
+
+def spam_metrics(ctx) -> None:
+    """Concurrency: 1,000 training reports as fast as possible, then one validation."""
+    for step in range(1, 1001):
+        ctx.report(step, {"train_loss": 1.0 / step, "step_id": float(ctx.trial_id * 10000 + step)})
+    ctx.report(1000, {"loss": float(ctx.trial_id)})
+
+
+def always_fail(ctx) -> None:
+    if ctx.hparams["fail"]:
+        raise RuntimeError("this trial always fails")
+    ctx.report(1, {"loss": 1.0})
+
+
+def slow_steps(ctx) -> None:
+    """For pause/kill: a trial that takes a while and honours preemption."""
+    import time
+
+    state = ctx.restore() or {"n": 0}
+    for step in range(ctx.start_step + 1, ctx.max_steps + 1):
+        time.sleep(0.2)
+        state["n"] += 1
+        ctx.report(step, {"loss": 1.0 / step})
+        ctx.checkpoint(state, step=step)
+        if ctx.should_stop():
+            return
+        if ctx.preempted():
+            raise SystemExit(75)
+
+
+def tiny_kill_once(ctx) -> None:
+    """The tiny LM; with ``kill_at`` it SIGKILLs itself once, right after that step."""
+    from jaxcore.experiments import tinylm
+
+    marker = ctx.trial_dir / "killed-once"
+
+    def on_step(ctx, step):
+        if ctx.hparams.get("kill_at") and step == ctx.hparams["kill_at"] and not marker.exists():
+            marker.touch()
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    tinylm.train(ctx, on_step=on_step)
+
+
+def every_step_quad(ctx) -> None:
+    """Like `asha_quad`, but validates at every step (for Optuna's pruners)."""
+    x = ctx.hparams["x"]
+    for step in range(ctx.start_step + 1, ctx.max_steps + 1):
+        ctx.report(step, {"loss": asha_curve(x, step)})
+        if ctx.should_stop():
+            break

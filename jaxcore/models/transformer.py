@@ -158,17 +158,36 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     return jnp.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1).astype(x.dtype)
 
 
+def _heads_first_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+    """Causal GQA with heads-first batched matmuls (softmax in float32).
+
+    XLA's CPU backend runs ``dot_product_attention``'s ``(batch, length, heads, dim)``
+    einsums with transposed copies; one transpose to ``(batch, kv_heads, group, length,
+    dim)`` up front made the whole training step 1.13x faster on the 2-core machines
+    (d=256, 4 layers, seq 256; same losses).
+    """
+    b, t, n, d = q.shape
+    kv = k.shape[2]
+    qh = q.reshape(b, t, kv, n // kv, d).transpose(0, 2, 3, 1, 4)
+    kh, vh = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
+    scores = jnp.einsum("bkgtd,bksd->bkgts", qh, kh).astype(jnp.float32) / jnp.sqrt(
+        jnp.float32(d)
+    )
+    causal = jnp.tril(jnp.ones((t, t), bool))
+    weights = jax.nn.softmax(jnp.where(causal, scores, -jnp.inf), axis=-1).astype(v.dtype)
+    out = jnp.einsum("bkgts,bksd->bkgtd", weights, vh)
+    return out.transpose(0, 3, 1, 2, 4).reshape(b, t, n, d)
+
+
 def attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
     """Causal grouped-query attention on ``(batch, length, heads, head_dim)`` arrays.
 
-    Goes through ``jax.nn.dot_product_attention`` so GPUs can use a fused kernel. XLA's
-    CPU backend has no float16 x float16 -> float32 dot, so float16 runs in float32 there.
+    On accelerators it goes through ``jax.nn.dot_product_attention`` so the backend can
+    use its fused kernel; on CPU a heads-first formulation is faster (and XLA's CPU
+    backend has no float16 x float16 -> float32 dot that the fused path would ask for).
     """
-    if q.dtype == jnp.float16 and jax.devices()[0].platform == "cpu":
-        out = jax.nn.dot_product_attention(
-            q.astype(jnp.float32), k.astype(jnp.float32), v.astype(jnp.float32), is_causal=True
-        )
-        return out.astype(q.dtype)
+    if jax.devices()[0].platform == "cpu":
+        return _heads_first_attention(q, k, v)
     return jax.nn.dot_product_attention(q, k, v, is_causal=True)
 
 
@@ -218,23 +237,32 @@ class Transformer(nnx.Module):
     def block(
         self, x: jax.Array, p: dict[str, jax.Array], cos: jax.Array, sin: jax.Array
     ) -> jax.Array:
-        """One decoder block on ``x: (batch, length, d_model)`` with layer weights ``p``."""
+        """One decoder block on ``x: (batch, length, d_model)`` with layer weights ``p``.
+
+        Projections are plain 2-D matmuls on ``(batch * length, features)``: their weight
+        gradients then contract one dimension, which XLA's CPU backend does without the
+        transposed copies that 3-D/4-D einsums cost (1.33x faster steps on the 2-core
+        machines, PERF-NOTES.md "Transposed copies"). The reshapes merge or split
+        leading dimensions only, so shardings carry through unchanged.
+        """
         cfg = self.cfg
+        b, t, d = x.shape
+        n, kv, hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_size
+        rows = (axes.BATCH, axes.EMBED)
         x = constrain(x, ACT)
-        h = rms_norm(x, p["attn_norm"], cfg.norm_eps)
-        q = jnp.einsum("btd,dhk->bthk", h, p["wq"])
-        k = jnp.einsum("btd,dhk->bthk", h, p["wk"])
-        v = jnp.einsum("btd,dhk->bthk", h, p["wv"])
+        h = rms_norm(x, p["attn_norm"], cfg.norm_eps).reshape(b * t, d)
+        q = (h @ p["wq"].reshape(d, n * hd)).reshape(b, t, n, hd)
+        k = (h @ p["wk"].reshape(d, kv * hd)).reshape(b, t, kv, hd)
+        v = (h @ p["wv"].reshape(d, kv * hd)).reshape(b, t, kv, hd)
         q = constrain(apply_rope(q, cos, sin), (axes.BATCH, axes.LENGTH, axes.HEADS, None))
         k = apply_rope(k, cos, sin)
-        attn = attention(q, k, v)
-        x = x + jnp.einsum("bthk,hkd->btd", attn, p["wo"])
+        attn = attention(q, k, v).reshape(b * t, n * hd)
+        x = x + (attn @ p["wo"].reshape(n * hd, d)).reshape(b, t, d)
         x = constrain(x, ACT)
-        h = rms_norm(x, p["mlp_norm"], cfg.norm_eps)
-        gate = jnp.einsum("btd,df->btf", h, p["w_gate"])
-        up = jnp.einsum("btd,df->btf", h, p["w_up"])
-        hidden = constrain(jax.nn.silu(gate) * up, (axes.BATCH, axes.LENGTH, axes.MLP))
-        return x + jnp.einsum("btf,fd->btd", hidden, p["w_down"])
+        h = constrain(rms_norm(x, p["mlp_norm"], cfg.norm_eps).reshape(b * t, d), rows)
+        hidden = jax.nn.silu(h @ p["w_gate"]) * (h @ p["w_up"])
+        hidden = constrain(hidden, (axes.BATCH, axes.MLP))
+        return x + (hidden @ p["w_down"]).reshape(b, t, d)
 
     def hidden_states(self, tokens: jax.Array, positions: jax.Array | None = None) -> jax.Array:
         """Final-normed hidden states ``(batch, length, d_model)`` for ``tokens``."""
@@ -255,7 +283,8 @@ class Transformer(nnx.Module):
     def __call__(self, tokens: jax.Array, positions: jax.Array | None = None) -> jax.Array:
         x = self.hidden_states(tokens, positions)
         head = self.embed[...].T if self.cfg.tie_embeddings else self.lm_head[...]
-        logits = jnp.einsum("btd,dv->btv", x, head)
+        b, t, d = x.shape
+        logits = (x.reshape(b * t, d) @ head).reshape(b, t, -1)
         return logits.astype(jnp.float32)
 
 

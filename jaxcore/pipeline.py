@@ -167,15 +167,23 @@ def _pipelined(layer_fn, x, layer_params, per_example, ctx: context.TraceContext
         pos = t - stages  # each stage's position in the stream of M*R microbatch passes
         repeat = jnp.clip(pos // M, 0, R - 1)
         micro = jnp.mod(pos, M)
-        params_now = jax.tree.map(lambda p: jax.vmap(lambda ps, r: ps[r])(p, repeat), stage_params)
+        if R == 1:  # GPipe: a static slice, no per-iteration gather of the weights
+            params_now = jax.tree.map(lambda p: p[:, 0], stage_params)
+        else:
+            params_now = jax.tree.map(
+                lambda p: jax.vmap(lambda ps, r: ps[r])(p, repeat), stage_params
+            )
         ex_now = tuple(jnp.take(e, micro, axis=0) for e in extras)
         out = jax.vmap(run_stage, spmd_axis_name="pipeline")(state, params_now, *ex_now)
         out = on_stages(out, batch_dim=1)
         last = t - (S - 1)
         done = jnp.logical_and(last >= 0, last < M * R)
         slot = jnp.mod(last, M)
-        outputs = jnp.where(
-            done, jax.lax.dynamic_update_index_in_dim(outputs, out[S - 1], slot, 0), outputs
+        # Write one slot (its old value when nothing finished): O(1) per iteration, where a
+        # select over the whole buffer would copy it every iteration.
+        keep = jax.lax.dynamic_index_in_dim(outputs, slot, 0, keepdims=False)
+        outputs = jax.lax.dynamic_update_index_in_dim(
+            outputs, jnp.where(done, out[S - 1], keep), slot, 0
         )
         nxt = t + 1
         first = jnp.where(nxt < M, xs[jnp.mod(nxt, M)], outputs[jnp.mod(nxt, M)])

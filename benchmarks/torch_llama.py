@@ -1,7 +1,10 @@
 """The reference decoder written in plain PyTorch (same architecture as jaxcore.models).
 
-RMSNorm, rotary embeddings (rotate-half), SwiGLU, grouped-query attention, untied output
-projection, and the same weight shapes, so FLOPs and parameter counts match exactly.
+RMSNorm, rotary embeddings (rotate-half), SwiGLU, grouped-query attention and an untied
+output projection with the same weight shapes, so FLOPs and parameter counts match.
+Parameter names follow Hugging Face's Llama (``q_proj``, ``down_proj``, ...) so that
+`torchbridge.TENSOR_PARALLEL_RULES` apply. Shared by `vs_torch_cpu.py` and
+`torchbridge_vs_torch.py`.
 """
 
 from __future__ import annotations
@@ -33,47 +36,49 @@ class Block(nn.Module):
         d, h, k, dh, f = cfg.d_model, cfg.n_heads, cfg.n_kv_heads, cfg.head_size, cfg.d_ff
         self.h, self.k, self.dh = h, k, dh
         self.attn_norm = RMSNorm(d, cfg.norm_eps)
-        self.wq = nn.Linear(d, h * dh, bias=False)
-        self.wk = nn.Linear(d, k * dh, bias=False)
-        self.wv = nn.Linear(d, k * dh, bias=False)
-        self.wo = nn.Linear(h * dh, d, bias=False)
+        self.q_proj = nn.Linear(d, h * dh, bias=False)
+        self.k_proj = nn.Linear(d, k * dh, bias=False)
+        self.v_proj = nn.Linear(d, k * dh, bias=False)
+        self.o_proj = nn.Linear(h * dh, d, bias=False)
         self.mlp_norm = RMSNorm(d, cfg.norm_eps)
-        self.w_gate = nn.Linear(d, f, bias=False)
-        self.w_up = nn.Linear(d, f, bias=False)
-        self.w_down = nn.Linear(f, d, bias=False)
+        self.gate_proj = nn.Linear(d, f, bias=False)
+        self.up_proj = nn.Linear(d, f, bias=False)
+        self.down_proj = nn.Linear(f, d, bias=False)
 
     def forward(self, x, cos, sin):
         b, t, _ = x.shape
         h = self.attn_norm(x)
-        q = self.wq(h).view(b, t, self.h, self.dh).transpose(1, 2)
-        k = self.wk(h).view(b, t, self.k, self.dh).transpose(1, 2)
-        v = self.wv(h).view(b, t, self.k, self.dh).transpose(1, 2)
+        q = self.q_proj(h).view(b, t, self.h, self.dh).transpose(1, 2)
+        k = self.k_proj(h).view(b, t, self.k, self.dh).transpose(1, 2)
+        v = self.v_proj(h).view(b, t, self.k, self.dh).transpose(1, 2)
         q, k = rope(q, cos, sin), rope(k, cos, sin)
         a = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=self.h != self.k)
-        x = x + self.wo(a.transpose(1, 2).reshape(b, t, self.h * self.dh))
+        x = x + self.o_proj(a.transpose(1, 2).reshape(b, t, self.h * self.dh))
         h = self.mlp_norm(x)
-        return x + self.w_down(F.silu(self.w_gate(h)) * self.w_up(h))
+        return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
 
 
 class TorchLlama(nn.Module):
     def __init__(self, cfg):
         super().__init__()
         self.cfg = cfg
-        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
-        self.final_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        dh = cfg.head_size
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.layers = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.lm_head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, dh, 2).float() / dh))
+        ang = torch.arange(cfg.max_seq_len).float()[:, None] * inv[None, :]
+        self.register_buffer("cos", ang.cos(), persistent=False)
+        self.register_buffer("sin", ang.sin(), persistent=False)
 
     def forward(self, tokens):
         t = tokens.shape[1]
-        dh = self.cfg.head_size
-        inv = 1.0 / (self.cfg.rope_theta ** (torch.arange(0, dh, 2).float() / dh))
-        ang = torch.arange(t).float()[:, None] * inv[None, :]
-        cos, sin = ang.cos(), ang.sin()
-        x = self.embed(tokens)
-        for blk in self.blocks:
-            x = blk(x, cos, sin)
-        return self.lm_head(self.final_norm(x))
+        cos, sin = self.cos[:t], self.sin[:t]
+        x = self.embed_tokens(tokens)
+        for layer in self.layers:
+            x = layer(x, cos, sin)
+        return self.lm_head(self.norm(x))
 
 
 def lm_loss(model, tokens):

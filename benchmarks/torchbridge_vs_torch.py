@@ -19,6 +19,7 @@ import json
 import math
 import os
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -28,89 +29,20 @@ import optax
 import torch
 from rich.console import Console
 from rich.table import Table
-from torch import nn
-from torch.nn import functional as F
 
 import jaxcore as jc
 import torchbridge
 from jaxcore.models import Transformer, TransformerConfig, lm_loss
 
-
-class RMSNorm(nn.Module):
-    def __init__(self, d: int, eps: float = 1e-5):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(d))
-        self.eps = eps
-
-    def forward(self, x):
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
-
-
-def rope(x, cos, sin):
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]
-    return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
-
-
-class Block(nn.Module):
-    def __init__(self, d: int, heads: int, ff: int):
-        super().__init__()
-        self.heads = heads
-        self.attn_norm = RMSNorm(d)
-        self.q_proj = nn.Linear(d, d, bias=False)
-        self.k_proj = nn.Linear(d, d, bias=False)
-        self.v_proj = nn.Linear(d, d, bias=False)
-        self.o_proj = nn.Linear(d, d, bias=False)
-        self.mlp_norm = RMSNorm(d)
-        self.gate_proj = nn.Linear(d, ff, bias=False)
-        self.up_proj = nn.Linear(d, ff, bias=False)
-        self.down_proj = nn.Linear(ff, d, bias=False)
-
-    def forward(self, x, cos, sin):
-        b, t, d = x.shape
-        h = self.attn_norm(x)
-
-        def heads(y):
-            return y.view(b, t, self.heads, d // self.heads).transpose(1, 2)
-
-        q = rope(heads(self.q_proj(h)), cos, sin)
-        k = rope(heads(self.k_proj(h)), cos, sin)
-        v = heads(self.v_proj(h))
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        x = x + self.o_proj(a.transpose(1, 2).reshape(b, t, d))
-        h = self.mlp_norm(x)
-        return x + self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
-
-
-class TorchLlama(nn.Module):
-    """The architecture of jaxcore.models.Transformer (RMSNorm, RoPE, SwiGLU), in torch."""
-
-    def __init__(self, cfg: TransformerConfig):
-        super().__init__()
-        d, hd = cfg.d_model, cfg.head_size
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, d)
-        self.layers = nn.ModuleList(Block(d, cfg.n_heads, cfg.d_ff) for _ in range(cfg.n_layers))
-        self.norm = RMSNorm(d)
-        self.lm_head = nn.Linear(d, cfg.vocab_size, bias=False)
-        inv = 1.0 / (cfg.rope_theta ** (torch.arange(0, hd, 2).float() / hd))
-        ang = torch.arange(cfg.max_seq_len).float()[:, None] * inv[None, :]
-        self.register_buffer("cos", ang.cos(), persistent=False)
-        self.register_buffer("sin", ang.sin(), persistent=False)
-
-    def forward(self, tokens):
-        t = tokens.shape[1]
-        cos, sin = self.cos[:t], self.sin[:t]
-        x = self.embed_tokens(tokens)
-        for layer in self.layers:
-            x = layer(x, cos, sin)
-        return self.lm_head(self.norm(x))
+sys.path.insert(0, str(Path(__file__).parent))
+from torch_llama import TorchLlama
+from torch_llama import lm_loss as torch_loss
 
 
 def torch_step_fn(model, opt):
     def step(tokens):
         opt.zero_grad(set_to_none=True)
-        logits = model(tokens[:, :-1])
-        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+        loss = torch_loss(model, tokens)
         loss.backward()
         opt.step()
         return loss

@@ -12,6 +12,7 @@ other's accelerators (what Determined's agent does with its slots).
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import logging
 import os
@@ -55,26 +56,31 @@ def trial_env(platform: str, devices: list[int], base: dict[str, str]) -> dict[s
     return env
 
 
-class Executor:
+class Executor(abc.ABC):
+    """Where trials run: local subprocesses, Ray tasks, or inline (tests)."""
+
     inline = False
 
+    @abc.abstractmethod
     def capacity(self) -> int:
-        raise NotImplementedError
+        """How many trials can run at once."""
 
+    @abc.abstractmethod
     def launch(self, trial_id: int, env: dict[str, str], log_path: pathlib.Path) -> None:
-        raise NotImplementedError
+        """Start trial ``trial_id`` with ``env``, its output going to ``log_path``."""
 
+    @abc.abstractmethod
     def poll(self) -> list[tuple[int, int]]:
-        raise NotImplementedError
+        """``(trial_id, exit code)`` of the trials that ended since the last poll."""
 
-    def signal(self, trial_id: int, sig: int) -> None:
-        pass
+    def signal(self, trial_id: int, sig: int) -> None:  # noqa: B027 (optional hook)
+        """Send ``sig`` to a running trial; executors that cannot signal ignore it."""
 
     def running(self) -> set[int]:
         return set()
 
-    def close(self) -> None:
-        pass
+    def close(self) -> None:  # noqa: B027 (optional hook)
+        """Release the executor's resources (nothing by default)."""
 
 
 class InlineExecutor(Executor):

@@ -31,7 +31,7 @@ import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from typing import TextIO
+from typing import Any, TextIO
 
 from jaxcore.errors import ConfigError, JaxcoreError
 from jaxcore.runtime import MALLOC_TUNABLES, with_cpu_devices, with_malloc_tuning
@@ -117,6 +117,11 @@ def process_env(
         raise ConfigError(f"platform={platform!r}: use 'cpu', 'gpu' or 'auto'.")
     with_malloc_tuning(env)
     return env
+
+
+def rank_envs(num_processes: int, coordinator: str, **kwargs: Any) -> list[dict[str, str]]:
+    """`process_env` for every rank of a run (``kwargs`` as `process_env` takes them)."""
+    return [process_env(r, num_processes, coordinator, **kwargs) for r in range(num_processes)]
 
 
 def _stream(
@@ -244,17 +249,13 @@ def launch(
     if devices_per_process is not None and devices_per_process < 1:
         raise ConfigError(f"devices_per_process={devices_per_process}: must be >= 1.")
     coordinator = f"{host}:{port or free_port(host)}"
-    envs = [
-        process_env(
-            rank,
-            num_processes,
-            coordinator,
-            devices_per_process=devices_per_process,
-            platform=platform,
-            init_timeout_s=init_timeout_s,
-        )
-        for rank in range(num_processes)
-    ]
+    envs = rank_envs(
+        num_processes,
+        coordinator,
+        devices_per_process=devices_per_process,
+        platform=platform,
+        init_timeout_s=init_timeout_s,
+    )
     log.info("launching %d processes, coordinator %s", num_processes, coordinator)
     return run_group(
         [command] * num_processes,

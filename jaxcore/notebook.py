@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from jaxcore.errors import ConfigError
-from jaxcore.launch import LaunchError, free_port, process_env, run_group
+from jaxcore.launch import LaunchError, free_port, rank_envs, run_group
 
 log = logging.getLogger(__name__)
 
@@ -62,17 +62,13 @@ def notebook_launcher(
                 f"arguments for the child processes ({e}). Pass plain data as arguments."
             ) from e
         coordinator = f"127.0.0.1:{free_port()}"
-        envs = [
-            process_env(
-                rank,
-                num_processes,
-                coordinator,
-                devices_per_process=devices_per_process,
-                platform=platform,
-                init_timeout_s=init_timeout_s,
-            )
-            for rank in range(num_processes)
-        ]
+        envs = rank_envs(
+            num_processes,
+            coordinator,
+            devices_per_process=devices_per_process,
+            platform=platform,
+            init_timeout_s=init_timeout_s,
+        )
         command = [sys.executable, "-u", "-m", "jaxcore.notebook", str(payload), str(work)]
         result = run_group([command] * num_processes, envs, out=sys.stdout, timeout_s=timeout_s)
         if result.returncode == 124 and result.failed_rank is None:

@@ -86,6 +86,12 @@ class TransformerConfig:
             raise ConfigError(f"TransformerConfig: head_dim={self.head_size} must be even (RoPE).")
 
     @property
+    def dims(self) -> tuple[int, int, int, int, int, int, int]:
+        """``(layers, d_model, heads, kv_heads, head_dim, d_ff, vocab)``."""
+        return (self.n_layers, self.d_model, self.n_heads, self.n_kv_heads, self.head_size,
+                self.d_ff, self.vocab_size)
+
+    @property
     def head_size(self) -> int:
         return self.head_dim or self.d_model // self.n_heads
 
@@ -196,15 +202,7 @@ class Transformer(nnx.Module):
 
     def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
-        L, D, H, K, Dh, F, V = (
-            cfg.n_layers,
-            cfg.d_model,
-            cfg.n_heads,
-            cfg.n_kv_heads,
-            cfg.head_size,
-            cfg.d_ff,
-            cfg.vocab_size,
-        )
+        L, D, H, K, Dh, F, V = cfg.dims
         std = cfg.init_std
         out_std = std / math.sqrt(2 * L)  # GPT-2's scaled init of residual projections
         self.embed = _param(rngs, (V, D), (axes.VOCAB, axes.EMBED), std)
@@ -290,15 +288,7 @@ class Transformer(nnx.Module):
 
 def count_params(cfg: TransformerConfig) -> int:
     """Number of parameters of a `Transformer` with config ``cfg``."""
-    L, D, H, K, Dh, F, V = (
-        cfg.n_layers,
-        cfg.d_model,
-        cfg.n_heads,
-        cfg.n_kv_heads,
-        cfg.head_size,
-        cfg.d_ff,
-        cfg.vocab_size,
-    )
+    L, D, H, K, Dh, F, V = cfg.dims
     per_layer = 2 * D + D * H * Dh + 2 * D * K * Dh + H * Dh * D + 3 * D * F
     return V * D + L * per_layer + D + (0 if cfg.tie_embeddings else D * V)
 
@@ -311,14 +301,6 @@ def training_flops_per_token(cfg: TransformerConfig, seq_len: int) -> float:
     ``12 * L * H * Dh * T`` (PaLM, Chowdhery et al. 2022, appendix B). Causal masking is
     not subtracted, as in PaLM's definition.
     """
-    L, D, H, K, Dh, F, V = (
-        cfg.n_layers,
-        cfg.d_model,
-        cfg.n_heads,
-        cfg.n_kv_heads,
-        cfg.head_size,
-        cfg.d_ff,
-        cfg.vocab_size,
-    )
+    L, D, H, K, Dh, F, V = cfg.dims
     matmul_weights = L * (D * H * Dh + 2 * D * K * Dh + H * Dh * D + 3 * D * F) + D * V
     return 6.0 * matmul_weights + 12.0 * L * H * Dh * seq_len

@@ -1,0 +1,141 @@
+"""The dashboard's ASGI app: HTML pages, their static files, and a read-only JSON API.
+
+Pages are static HTML + JavaScript shipped in the package (``jaxcore/ui/static``, the
+Chart.js build vendored next to them, so it works offline). Each page fetches its data
+from ``/api/...`` and polls with the revision it has (``?since=REV``); the server answers
+``{"unchanged": true}`` until the store changes, so a running search updates the page
+without a reload and an idle page costs a few cheap queries a second. Only GET routes
+exist: the dashboard cannot change an experiment.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import pathlib
+from collections.abc import AsyncIterator, Iterable
+from typing import Any
+
+from fastapi import FastAPI, HTTPException
+from fastapi.responses import FileResponse
+from fastapi.staticfiles import StaticFiles
+
+from jaxcore.errors import ConfigError
+from jaxcore.ui import queries
+from jaxcore.ui.auth import TokenMiddleware
+
+STATIC = pathlib.Path(__file__).with_name("static")
+PAGES = {"experiments", "experiment", "trial", "models", "datasets"}
+
+
+def dataset_roots(dirs: Iterable[str | pathlib.Path]) -> dict[str, pathlib.Path]:
+    """``data build`` output directories by a short unique name (their folder name)."""
+    roots: dict[str, pathlib.Path] = {}
+    for d in dirs:
+        path = pathlib.Path(d).absolute()
+        name, n = path.name or "dataset", 2
+        while name in roots:
+            name, n = f"{path.name}-{n}", n + 1
+        roots[name] = path
+    return roots
+
+
+def create_app(
+    db_url: str, *, datasets: Iterable[str | pathlib.Path] = (), token: str | None = None
+) -> FastAPI:
+    """The dashboard over the store at ``db_url`` and the dataset output directories.
+
+    With ``token`` every route answers 401 unless the request carries it (see
+    `jaxcore.ui.auth`); the CLI sets one whenever the bind is not local.
+    """
+    reader = queries.StoreReader(db_url)
+    roots = dataset_roots(datasets)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        yield
+        reader.close()
+
+    app = FastAPI(
+        title="jaxcore dashboard",
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+        lifespan=lifespan,
+    )
+    app.state.reader = reader
+    if token is not None:
+        app.add_middleware(TokenMiddleware, token=token)
+    app.mount("/static", StaticFiles(directory=STATIC), name="static")
+
+    def page(name: str) -> FileResponse:
+        return FileResponse(STATIC / f"{name}.html", media_type="text/html")
+
+    def found(data: dict[str, Any] | None, what: str) -> dict[str, Any]:
+        if data is None:
+            raise HTTPException(404, f"{what} does not exist in this store")
+        return data
+
+    @app.get("/", include_in_schema=False)
+    def experiments_page() -> FileResponse:
+        return page("experiments")
+
+    @app.get("/experiments/{exp_id}", include_in_schema=False)
+    def experiment_page(exp_id: int) -> FileResponse:
+        return page("experiment")
+
+    @app.get("/trials/{trial_id}", include_in_schema=False)
+    def trial_page(trial_id: int) -> FileResponse:
+        return page("trial")
+
+    @app.get("/models", include_in_schema=False)
+    def models_page() -> FileResponse:
+        return page("models")
+
+    @app.get("/datasets", include_in_schema=False)
+    def datasets_page() -> FileResponse:
+        return page("datasets")
+
+    @app.get("/api/experiments")
+    def api_experiments(since: str | None = None) -> dict[str, Any]:
+        rev = queries.revision(reader)
+        if since is not None and since == rev:
+            return {"revision": rev, "unchanged": True}
+        return {
+            "revision": rev,
+            "store": reader.url.split("@")[-1],
+            "experiments": queries.list_experiments(reader),
+        }
+
+    @app.get("/api/experiments/{exp_id}")
+    def api_experiment(exp_id: int, since: str | None = None) -> dict[str, Any]:
+        if since is not None and since == queries.revision(reader, exp_id=exp_id):
+            return {"revision": since, "unchanged": True}
+        return found(queries.experiment_detail(reader, exp_id), f"experiment {exp_id}")
+
+    @app.get("/api/trials/{trial_id}")
+    def api_trial(trial_id: int, since: str | None = None) -> dict[str, Any]:
+        if since is not None and since == queries.trial_revision(reader, trial_id):
+            return {"revision": since, "unchanged": True}
+        return found(queries.trial_detail(reader, trial_id), f"trial {trial_id}")
+
+    @app.get("/api/models")
+    def api_models() -> dict[str, Any]:
+        return {
+            "models": queries.list_models(reader),
+            "datasets": {name: str(p) for name, p in roots.items()},
+        }
+
+    @app.get("/api/datasets")
+    def api_datasets() -> dict[str, Any]:
+        return {"datasets": queries.list_datasets(roots)}
+
+    @app.get("/api/datasets/{name}/diff")
+    def api_dataset_diff(name: str, a: str, b: str) -> dict[str, Any]:
+        if name not in roots:
+            raise HTTPException(404, f"no dataset {name!r}; served: {sorted(roots)}")
+        try:
+            return queries.dataset_diff(roots[name], a, b)
+        except ConfigError as e:
+            raise HTTPException(400, str(e)) from e
+
+    return app

@@ -19,6 +19,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "experiment": ("jaxcore.experiments.cli", "create, list, describe, pause, resume, kill"),
     "trial": ("jaxcore.experiments.cli", "inspect trials (logs)"),
     "model": ("jaxcore.experiments.cli", "the model registry: create, register, list"),
+    "ui": ("jaxcore.ui.cli", "web dashboard: experiments, trials, models, datasets"),
 }
 
 

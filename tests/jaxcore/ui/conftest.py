@@ -56,9 +56,15 @@ class Filled:
 
 def _git(repo: pathlib.Path, *args: str) -> None:
     date = "2024-01-02T03:04:05+00:00"
-    env = dict(os.environ, GIT_AUTHOR_DATE=date, GIT_COMMITTER_DATE=date,
-               GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@example.com",
-               GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@example.com")
+    env = dict(
+        os.environ,
+        GIT_AUTHOR_DATE=date,
+        GIT_COMMITTER_DATE=date,
+        GIT_AUTHOR_NAME="t",
+        GIT_AUTHOR_EMAIL="t@example.com",
+        GIT_COMMITTER_NAME="t",
+        GIT_COMMITTER_EMAIL="t@example.com",
+    )
     subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, env=env)
 
 
@@ -80,11 +86,16 @@ def _build_datasets(root: pathlib.Path) -> pathlib.Path:
     out = root / "datasets"
 
     def run(version: str) -> None:
-        cfg = config_from_dict({
-            "sources": [{"type": "git", "path": str(repo), "stars": 10}],
-            "output_dir": str(out), "version": version, "num_shards": 1, "workers": 1,
-            "progress": False,
-        })
+        cfg = config_from_dict(
+            {
+                "sources": [{"type": "git", "path": str(repo), "stars": 10}],
+                "output_dir": str(out),
+                "version": version,
+                "num_shards": 1,
+                "workers": 1,
+                "progress": False,
+            }
+        )
         build(cfg)
 
     run("v1")
@@ -97,40 +108,72 @@ def _build_datasets(root: pathlib.Path) -> pathlib.Path:
 
 
 def _searches(workdir: pathlib.Path) -> tuple[int, int, int, int]:
-    common = {"workdir": str(workdir), "checkpoint_storage": {"save_trial_latest": 0,
-                                                              "save_trial_best": 0}}
-    asha = run_experiment({
-        "name": "asha-quad", "entrypoint": f"{OBJECTIVES}:asha_quad",
-        "hyperparameters": {"x": {"type": "double", "minval": 0.0, "maxval": 1.0}},
-        "searcher": {"name": "adaptive_asha", "metric": "loss", "max_length": ASHA_LENGTH,
-                     "max_trials": ASHA_TRIALS, "mode": "standard", "seed": 3},
-        **common,
-    }, executor="inline")
+    common = {
+        "workdir": str(workdir),
+        "checkpoint_storage": {"save_trial_latest": 0, "save_trial_best": 0},
+    }
+    asha = run_experiment(
+        {
+            "name": "asha-quad",
+            "entrypoint": f"{OBJECTIVES}:asha_quad",
+            "hyperparameters": {"x": {"type": "double", "minval": 0.0, "maxval": 1.0}},
+            "searcher": {
+                "name": "adaptive_asha",
+                "metric": "loss",
+                "max_length": ASHA_LENGTH,
+                "max_trials": ASHA_TRIALS,
+                "mode": "standard",
+                "seed": 3,
+            },
+            **common,
+        },
+        executor="inline",
+    )
     assert asha.state == "COMPLETED" and len(asha.trials) == ASHA_TRIALS
-    pbt = run_experiment({
-        "name": "pbt-sgd", "entrypoint": f"{OBJECTIVES}:noisy_sgd",
-        "hyperparameters": {"lr": {"type": "log", "base": 10, "minval": -3, "maxval": -0.5}},
-        "searcher": {"name": "pbt", "metric": "loss", "population_size": PBT_POP,
-                     "num_rounds": PBT_ROUNDS, "length_per_round": PBT_LEN,
-                     "truncate_fraction": 0.25, "perturb_factor": 0.2,
-                     "resample_probability": 0.0, "seed": 1},
-        "workdir": str(workdir),
-    }, executor="inline")
+    pbt = run_experiment(
+        {
+            "name": "pbt-sgd",
+            "entrypoint": f"{OBJECTIVES}:noisy_sgd",
+            "hyperparameters": {"lr": {"type": "log", "base": 10, "minval": -3, "maxval": -0.5}},
+            "searcher": {
+                "name": "pbt",
+                "metric": "loss",
+                "population_size": PBT_POP,
+                "num_rounds": PBT_ROUNDS,
+                "length_per_round": PBT_LEN,
+                "truncate_fraction": 0.25,
+                "perturb_factor": 0.2,
+                "resample_probability": 0.0,
+                "seed": 1,
+            },
+            "workdir": str(workdir),
+        },
+        executor="inline",
+    )
     assert pbt.state == "COMPLETED"
-    grid = run_experiment({
-        "name": "ckpt-grid", "entrypoint": f"{OBJECTIVES}:ckpt_curve",
-        "hyperparameters": {"x": {"type": "categorical", "vals": [0.2, 0.5]}},
-        "searcher": {"name": "grid", "metric": "loss", "max_length": 4},
-        "workdir": str(workdir),
-    }, executor="inline")
+    grid = run_experiment(
+        {
+            "name": "ckpt-grid",
+            "entrypoint": f"{OBJECTIVES}:ckpt_curve",
+            "hyperparameters": {"x": {"type": "categorical", "vals": [0.2, 0.5]}},
+            "searcher": {"name": "grid", "metric": "loss", "max_length": 4},
+            "workdir": str(workdir),
+        },
+        executor="inline",
+    )
     assert grid.state == "COMPLETED"
     # One trial raises every time: it is restarted once, then errored, with its traceback logged.
-    fails = run_experiment({
-        "name": "fails", "entrypoint": f"{OBJECTIVES}:always_fail",
-        "hyperparameters": {"fail": {"type": "categorical", "vals": [True, False]}},
-        "searcher": {"name": "grid", "metric": "loss", "max_length": 1},
-        "max_restarts": 1, "workdir": str(workdir),
-    }, executor="inline")
+    fails = run_experiment(
+        {
+            "name": "fails",
+            "entrypoint": f"{OBJECTIVES}:always_fail",
+            "hyperparameters": {"fail": {"type": "categorical", "vals": [True, False]}},
+            "searcher": {"name": "grid", "metric": "loss", "max_length": 1},
+            "max_restarts": 1,
+            "workdir": str(workdir),
+        },
+        executor="inline",
+    )
     return asha.experiment_id, pbt.experiment_id, grid.experiment_id, fails.experiment_id
 
 
@@ -147,8 +190,20 @@ def filled(tmp_path_factory) -> Filled:
     ckpts = [c for c in store.checkpoints(exp_id=grid_id) if c["state"] == "COMPLETED"]
     assert ckpts, "the grid search left no checkpoints to register"
     best = min(ckpts, key=lambda c: c["metrics"]["loss"])
-    reg.register("quad", checkpoint=best["id"], aliases=["production"],
-                 metadata={"dataset": str(datasets / "v2")})
+    reg.register(
+        "quad",
+        checkpoint=best["id"],
+        aliases=["production"],
+        metadata={"dataset": str(datasets / "v2")},
+    )
     store.close()
-    return Filled(db_url=db_url, workdir=workdir, asha_id=asha_id, pbt_id=pbt_id,
-                  grid_id=grid_id, fails_id=fails_id, dataset_dir=datasets, model="quad")
+    return Filled(
+        db_url=db_url,
+        workdir=workdir,
+        asha_id=asha_id,
+        pbt_id=pbt_id,
+        grid_id=grid_id,
+        fails_id=fails_id,
+        dataset_dir=datasets,
+        model="quad",
+    )

@@ -5,7 +5,7 @@
 function counts(title, obj, cls) {
   return UI.el("div", { class: cls },
     UI.el("h3", {}, title),
-    UI.table(["name", "files"], Object.entries(obj).map(([k, v]) =>
+    UI.table(["name", "#files"], Object.entries(obj).map(([k, v]) =>
       UI.el("tr", {}, UI.el("td", {}, k), UI.el("td", { class: "num" }, v)))));
 }
 
@@ -13,7 +13,7 @@ function versionCard(ds, v) {
   return UI.el("div", { class: "card version", id: `${ds.name}/${v.version}`, dataset: { version: v.version } },
     UI.el("h3", {}, `${ds.name} ${v.version}`, " ",
       UI.el("span", { class: "muted" }, `${v.inputs.files} files in, ${v.outputs.files} kept, ${v.dropped.files} dropped`)),
-    UI.table(["stage", "files in", "kept", "dropped", "top drop reasons"], v.stages.map((s) =>
+    UI.table(["stage", "#files in", "#kept", "#dropped", "top drop reasons"], v.stages.map((s) =>
       UI.el("tr", { dataset: { stage: s.name } },
         UI.el("td", {}, s.name), UI.el("td", { class: "num" }, s.files_in),
         UI.el("td", { class: "num kept" }, s.kept), UI.el("td", { class: "num dropped" }, s.dropped),
@@ -61,7 +61,7 @@ async function main() {
   }
   UI.replace("datasets", ...d.datasets.map((ds) => UI.el("section", { class: "dataset", dataset: { dataset: ds.name } },
     UI.el("h2", {}, ds.name, " ", UI.el("span", { class: "muted" }, ds.root)),
-    UI.table(["version", "files in", "kept", "dropped", "MB kept", "opt-out registry"], ds.versions.map((v) =>
+    UI.table(["version", "#files in", "#kept", "#dropped", "#MB kept", "#opt-out registry"], ds.versions.map((v) =>
       UI.el("tr", { dataset: { version: v.version } },
         UI.el("td", {}, UI.link(`#${ds.name}/${v.version}`, v.version)),
         UI.el("td", { class: "num" }, v.inputs.files), UI.el("td", { class: "num kept" }, v.outputs.files),

@@ -23,7 +23,8 @@ function curves(d) {
   const datasets = ids.map((id, i) => ({
     label: `trial ${id}`, trialId: Number(id),
     data: d.curves[id].map(([x, y]) => ({ x, y })),
-    borderColor: UI.color(i), backgroundColor: UI.color(i), pointRadius: 2, borderWidth: 1.5,
+    borderColor: UI.color(i), backgroundColor: UI.color(i), borderWidth: 1.5,
+    pointRadius: d.curves[id].length > 30 ? 0 : 2,
   }));
   UI.chart("curves", "line", datasets, "step", d.metric || "metric");
 }
@@ -57,19 +58,19 @@ function trialsTable(d) {
     UI.el("td", {}, t.parent_trial ? UI.link(`/trials/${t.parent_trial}`, `#${t.parent_trial}`) : ""),
   ));
   UI.replace("trials", UI.table(
-    ["trial", "state", ...d.hparam_names, "steps", "best", "latest", "restarts", "parent"],
+    ["trial", "state", ...d.hparam_names.map((n) => "#" + n), "#steps", "#best", "#latest", "#restarts", "parent"],
     rows, { id: "trials-table" }));
 }
 
 function ashaRungs(brackets) {
   return brackets.map((b, i) => UI.el("div", { class: "bracket", dataset: { bracket: i } },
     UI.el("h3", {}, `bracket ${i + 1}: ${b.trials} trials, rungs at ${b.units.join(", ")} steps`),
-    UI.table(["rung (steps)", "reported", "promoted", "trials, best first (green: went on)"],
+    UI.table(["#rung (steps)", "#reported", "#promoted", "trials, best first (green: went on)"],
       b.rungs.map((r) => UI.el("tr", { dataset: { rung: r.units } },
         UI.el("td", { class: "num" }, r.units),
         UI.el("td", { class: "num reported" }, r.trials.length),
         UI.el("td", { class: "num promoted" }, r.trials.filter((t) => t.promoted).length),
-        UI.el("td", {}, ...r.trials.map((t) => UI.el("a", {
+        UI.el("td", { class: "chips" }, ...r.trials.map((t) => UI.el("a", {
           class: "chip" + (t.promoted ? " promoted" : ""), href: `/trials/${t.trial}`,
           title: `metric ${UI.fmt(t.metric)}` }, `#${t.trial} ${UI.fmt(t.metric)}`))),
       ))),

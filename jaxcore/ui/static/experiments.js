@@ -27,7 +27,7 @@ function renderExperiments(data) {
     UI.el("td", { class: "muted" }, (e.created || "").replace("T", " ").slice(0, 19)),
   ));
   UI.replace("list", UI.table(
-    ["id", "name", "state", "searcher", "metric", "best", "progress", "trials", "by state", "created"],
+    ["id", "name", "state", "searcher", "metric", "#best", "progress", "#trials", "by state", "created"],
     rows, { id: "experiments" }));
 }
 

@@ -21,14 +21,15 @@ function render(d) {
     const series = d.series[kind] || {};
     const datasets = Object.keys(series).sort().map((name, i) => ({
       label: name, data: series[name].map(([x, y]) => ({ x, y })),
-      borderColor: UI.color(i), backgroundColor: UI.color(i), pointRadius: 2, borderWidth: 1.5,
+      borderColor: UI.color(i), backgroundColor: UI.color(i), borderWidth: 1.5,
+      pointRadius: series[name].length > 30 ? 0 : 2,
     }));
     UI.chart(`curve-${kind}`, "line", datasets, "step", kind);
   }
-  UI.replace("hparams", UI.table(["name", "value"], Object.entries(d.hparams).map(([k, v]) =>
+  UI.replace("hparams", UI.table(["name", "#value"], Object.entries(d.hparams).map(([k, v]) =>
     UI.el("tr", {}, UI.el("td", {}, k), UI.el("td", { class: "num" }, UI.fmt(v))))));
   UI.replace("checkpoints", d.checkpoints.length ? UI.table(
-    ["id", "step", "state", "metrics", "format", "path"],
+    ["#id", "#step", "state", "metrics", "format", "path"],
     d.checkpoints.map((c) => UI.el("tr", { dataset: { checkpoint: c.id } },
       UI.el("td", {}, c.id), UI.el("td", { class: "num" }, c.step), UI.el("td", {}, UI.state(c.state)),
       UI.el("td", {}, Object.entries(c.metrics || {}).map(([k, v]) => `${k}=${UI.fmt(v)}`).join(", ")),

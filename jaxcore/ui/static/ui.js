@@ -69,9 +69,11 @@ const UI = {
 
   state(s) { return UI.el("span", { class: `state state-${String(s).toLowerCase()}` }, s); },
 
+  // headers: "name", or "#name" for a right-aligned numeric column.
   table(headers, rows, attrs) {
     const t = UI.el("table", attrs || {});
-    t.append(UI.el("thead", {}, UI.el("tr", {}, ...headers.map((h) => UI.el("th", {}, h)))));
+    const th = (h) => h.startsWith("#") ? UI.el("th", { class: "num" }, h.slice(1)) : UI.el("th", {}, h);
+    t.append(UI.el("thead", {}, UI.el("tr", {}, ...headers.map(th))));
     const body = UI.el("tbody", {});
     for (const r of rows) body.append(r);
     t.append(body);

@@ -4,12 +4,14 @@ each answer is checked against the store itself (and the snapshot manifests)."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
-from jaxcore.experiments import Store
+from jaxcore.experiments import Store, run_experiment
+from tests.jaxcore.experiments.objectives import __file__ as OBJECTIVES
 from jaxcore.ui import StoreReader, create_app
 from tests.jaxcore.ui.conftest import ASHA_TRIALS, PBT_POP, PBT_ROUNDS
 
@@ -155,3 +157,33 @@ def test_missing_store_is_empty_not_an_error(tmp_path):
         assert c.get("/api/models").json()["models"] == []
         assert c.get("/api/experiments/1").status_code == 404
     assert not (tmp_path / "none").exists()  # reading never creates the database
+
+
+PG_URL = os.environ.get("JAXCORE_TEST_POSTGRES_URL")
+
+
+@pytest.mark.skipif(
+    not PG_URL,
+    reason="JAXCORE_TEST_POSTGRES_URL is not set (CI sets it: eval \"$(bash "
+    "scripts/ci-postgres.sh)\" starts a local PostgreSQL server)",
+)
+def test_postgres_store_read_only(tmp_path):
+    summary = run_experiment({
+        "name": "ui-pg", "entrypoint": f"{OBJECTIVES}:asha_quad", "workdir": str(tmp_path),
+        "database": PG_URL,
+        "hyperparameters": {"x": {"type": "double", "minval": 0.0, "maxval": 1.0}},
+        "searcher": {"name": "adaptive_asha", "metric": "loss", "max_length": 16,
+                     "max_trials": 4, "mode": "aggressive", "seed": 0},
+    }, executor="inline")
+    with TestClient(create_app(PG_URL)) as c:
+        rows = {e["id"]: e for e in c.get("/api/experiments").json()["experiments"]}
+        assert rows[summary.experiment_id]["trials"] == 4
+        d = c.get(f"/api/experiments/{summary.experiment_id}").json()
+        assert d["best_metric"] == summary.best_metric
+        assert "@" not in c.get("/api/experiments").json()["store"]  # no password shown
+    reader = StoreReader(PG_URL)
+    try:
+        with pytest.raises(sa.exc.InternalError, match="read-only"), reader.engine.begin() as c:
+            c.execute(reader.table("experiments").delete())
+    finally:
+        reader.close()

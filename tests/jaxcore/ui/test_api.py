@@ -11,8 +11,8 @@ import sqlalchemy as sa
 from fastapi.testclient import TestClient
 
 from jaxcore.experiments import Store, run_experiment
-from tests.jaxcore.experiments.objectives import __file__ as OBJECTIVES
 from jaxcore.ui import StoreReader, create_app
+from tests.jaxcore.experiments.objectives import __file__ as OBJECTIVES
 from tests.jaxcore.ui.conftest import ASHA_TRIALS, PBT_POP, PBT_ROUNDS
 
 
@@ -164,17 +164,28 @@ PG_URL = os.environ.get("JAXCORE_TEST_POSTGRES_URL")
 
 @pytest.mark.skipif(
     not PG_URL,
-    reason="JAXCORE_TEST_POSTGRES_URL is not set (CI sets it: eval \"$(bash "
-    "scripts/ci-postgres.sh)\" starts a local PostgreSQL server)",
+    reason='JAXCORE_TEST_POSTGRES_URL is not set (CI sets it: eval "$(bash '
+    'scripts/ci-postgres.sh)" starts a local PostgreSQL server)',
 )
 def test_postgres_store_read_only(tmp_path):
-    summary = run_experiment({
-        "name": "ui-pg", "entrypoint": f"{OBJECTIVES}:asha_quad", "workdir": str(tmp_path),
-        "database": PG_URL,
-        "hyperparameters": {"x": {"type": "double", "minval": 0.0, "maxval": 1.0}},
-        "searcher": {"name": "adaptive_asha", "metric": "loss", "max_length": 16,
-                     "max_trials": 4, "mode": "aggressive", "seed": 0},
-    }, executor="inline")
+    summary = run_experiment(
+        {
+            "name": "ui-pg",
+            "entrypoint": f"{OBJECTIVES}:asha_quad",
+            "workdir": str(tmp_path),
+            "database": PG_URL,
+            "hyperparameters": {"x": {"type": "double", "minval": 0.0, "maxval": 1.0}},
+            "searcher": {
+                "name": "adaptive_asha",
+                "metric": "loss",
+                "max_length": 16,
+                "max_trials": 4,
+                "mode": "aggressive",
+                "seed": 0,
+            },
+        },
+        executor="inline",
+    )
     with TestClient(create_app(PG_URL)) as c:
         rows = {e["id"]: e for e in c.get("/api/experiments").json()["experiments"]}
         assert rows[summary.experiment_id]["trials"] == 4

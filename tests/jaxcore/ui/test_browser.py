@@ -22,9 +22,16 @@ from jaxcore.ui import create_app
 from tests.jaxcore.ui.conftest import ASHA_TRIALS
 
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic",
-                 "--no-first-run", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync"]
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 TIMEOUT_MS = 20_000
 
 
@@ -33,11 +40,23 @@ def fmt(v: float) -> str:
     return f"{v:.6g}" if not float(v).is_integer() else str(int(v))
 
 
+def require_chromium(path: str = CHROMIUM) -> None:
+    """Fail (never skip) when the browser is missing, saying how to install it."""
+    if not os.path.exists(path):
+        pytest.fail(
+            f"{path} is missing: the dashboard's browser tests need Debian's "
+            "chromium; install it with: bash scripts/ci-chromium.sh"
+        )
+
+
+def test_missing_chromium_fails_with_the_fix(tmp_path):
+    with pytest.raises(pytest.fail.Exception, match=r"bash scripts/ci-chromium\.sh"):
+        require_chromium(str(tmp_path / "no-chromium"))
+
+
 @pytest.fixture(scope="module")
 def browser():
-    if not os.path.exists(CHROMIUM):
-        pytest.fail(f"{CHROMIUM} is missing: the dashboard's browser tests need Debian's "
-                    "chromium; install it with: bash scripts/ci-chromium.sh")
+    require_chromium()
     try:
         from playwright.sync_api import sync_playwright
     except ImportError as e:
@@ -82,8 +101,14 @@ def page(browser, server, artifacts, request):
     pg.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
     # Offline: any request that is not to the dashboard itself fails the test.
     outside: list[str] = []
-    pg.route("**/*", lambda route: route.continue_() if route.request.url.startswith(server)
-             else (outside.append(route.request.url), route.abort()))
+    pg.route(
+        "**/*",
+        lambda route: (
+            route.continue_()
+            if route.request.url.startswith(server)
+            else (outside.append(route.request.url), route.abort())
+        ),
+    )
     pg.base = server
     yield pg
     shot = artifacts / f"{request.node.name}.png"
@@ -104,7 +129,9 @@ def store(filled):
 def chart_points(page, canvas_id: str) -> dict[str, int]:
     return page.evaluate(
         "id => Object.fromEntries(Chart.getChart(id).data.datasets"
-        ".map(d => [d.label, d.data.length]))", canvas_id)
+        ".map(d => [d.label, d.data.length]))",
+        canvas_id,
+    )
 
 
 def test_experiments_page(page, filled, store):
@@ -113,8 +140,9 @@ def test_experiments_page(page, filled, store):
     row.locator("td.trials").wait_for()
     assert row.locator("td.trials").inner_text() == str(ASHA_TRIALS)
     assert row.locator("td.searcher").inner_text() == "adaptive_asha"
-    assert row.locator("td.best").inner_text() == fmt(store.experiment(filled.asha_id)
-                                                       ["best_metric"])
+    assert row.locator("td.best").inner_text() == fmt(
+        store.experiment(filled.asha_id)["best_metric"]
+    )
     assert f"{ASHA_TRIALS}/{ASHA_TRIALS} trials" in row.locator("td.progress-cell").inner_text()
     assert page.locator("#experiments tbody tr").count() == len(store.experiments())
 
@@ -124,11 +152,14 @@ def test_asha_experiment_page(page, filled, store):
     page.locator("#trials-table").wait_for()
     assert page.locator("#trial-count").inner_text() == str(ASHA_TRIALS)
     assert page.locator("#trials-table tbody tr").count() == ASHA_TRIALS
-    assert page.locator("#best-metric").inner_text() == fmt(store.experiment(filled.asha_id)
-                                                             ["best_metric"])
+    assert page.locator("#best-metric").inner_text() == fmt(
+        store.experiment(filled.asha_id)["best_metric"]
+    )
     # One curve per trial, each with as many points as the trial reported validations.
-    want = {f"trial {t['id']}": len(store.metrics(t["id"], kind="validation"))
-            for t in store.trials(filled.asha_id)}
+    want = {
+        f"trial {t['id']}": len(store.metrics(t["id"], kind="validation"))
+        for t in store.trials(filled.asha_id)
+    }
     assert chart_points(page, "curves") == want
     assert chart_points(page, "scatter") == {"x vs loss": ASHA_TRIALS}
     brackets = {tuple(t["milestones"]) for t in store.trials(filled.asha_id)}
@@ -142,8 +173,13 @@ def test_pbt_experiment_page_draws_the_lineage(page, filled, store):
     children = [t for t in store.trials(filled.pbt_id) if t["parent_trial"] is not None]
     edges = page.locator("svg#lineage path.edge")
     assert edges.count() == len(children) > 0
-    drawn = {(int(edges.nth(i).get_attribute("data-parent")),
-              int(edges.nth(i).get_attribute("data-child"))) for i in range(edges.count())}
+    drawn = {
+        (
+            int(edges.nth(i).get_attribute("data-parent")),
+            int(edges.nth(i).get_attribute("data-child")),
+        )
+        for i in range(edges.count())
+    }
     assert drawn == {(t["parent_trial"], t["id"]) for t in children}
     assert "lr " in page.locator("svg#lineage text.explore").first.text_content()
 
@@ -157,7 +193,8 @@ def test_trial_page(page, filled, store):
     first = page.locator(f'tr[data-checkpoint="{ckpts[0]["id"]}"]').inner_text()
     assert f"loss={fmt(ckpts[0]['metrics']['loss'])}" in first
     assert chart_points(page, "curve-validation") == {
-        "loss": len(store.metrics(t["id"], kind="validation"))}
+        "loss": len(store.metrics(t["id"], kind="validation"))
+    }
 
 
 def test_failed_trial_shows_restarts_and_logs(page, filled, store):
@@ -195,8 +232,7 @@ def test_datasets_page(page, filled):
     page.select_option("select.diff-a", "v2")
     page.select_option("select.diff-b", "v1")
     page.click("button.diff-run")
-    page.wait_for_function(
-        "document.querySelector('.diff-removed .count')?.textContent === '1'")
+    page.wait_for_function("document.querySelector('.diff-removed .count')?.textContent === '1'")
 
 
 def test_live_update_while_a_trial_reports(page, filled, store):
@@ -209,8 +245,26 @@ def test_live_update_while_a_trial_reports(page, filled, store):
     store.add_metrics(trial, 10_000, {"loss": 9.87654}, kind="validation")
     cell = page.locator(f'tr[data-trial="{trial}"] td.latest')
     page.wait_for_function(
-        "t => document.querySelector(`tr[data-trial=\"${t}\"] td.latest`).textContent"
-        " === '9.87654'", arg=trial)
+        't => document.querySelector(`tr[data-trial="${t}"] td.latest`).textContent'
+        " === '9.87654'",
+        arg=trial,
+    )
     assert cell.inner_text() == "9.87654"
     assert chart_points(page, "curves")[f"trial {trial}"] == before + 1
     assert page.evaluate("window.__same_document") is True  # updated in place, not reloaded
+
+
+def test_experiment_list_live_when_a_search_starts(page, store):
+    page.goto(page.base + "/")
+    page.locator("#experiments").wait_for()
+    n = page.locator("#experiments tbody tr").count()
+    exp_id = store.create_experiment(
+        "started-while-watching",
+        {"searcher": {"name": "random", "metric": "loss", "max_trials": 3}},
+        "/tmp/nowhere",
+    )
+    row = page.locator(f'tr[data-experiment="{exp_id}"]')
+    row.wait_for()
+    assert page.locator("#experiments tbody tr").count() == n + 1
+    assert row.locator("td.searcher").inner_text() == "random"
+    assert "0/3 trials" in row.locator("td.progress-cell").inner_text()

@@ -406,9 +406,10 @@ def trial_detail(r: StoreReader, trial_id: int) -> dict[str, Any] | None:
         "best_metric": _trial_best(t, series, _searcher(exp)),
         "metric": _searcher(exp).get("metric"),
         "restarts": t.get("restarts") or 0,
-        # An explicit count when the store keeps one; else the last exit says whether the
-        # trial was preempted (checkpointed and exited with code 75).
-        "preemptions": t.get("preemptions", 1 if exit_code == PREEMPTED_EXIT else 0),
+        # A count only where the store keeps one; today's store records the last exit
+        # code, which says whether the trial's latest run ended preempted (code 75).
+        "preemptions": t.get("preemptions"),
+        "preempted_last_exit": exit_code == PREEMPTED_EXIT,
         "exit_code": exit_code,
         "parent_trial": t.get("parent_trial"),
         "source_checkpoint": t.get("source_checkpoint"),

@@ -12,7 +12,9 @@ function render(d) {
     ["state", UI.state(d.state)], ["steps", `${UI.fmt(d.steps_done)}/${UI.fmt(d.max_length)}`],
     [`best ${d.metric || "metric"}`, UI.el("b", { id: "best-metric" }, UI.fmt(d.best_metric))],
     ["restarts", UI.el("b", { id: "restarts" }, d.restarts)],
-    ["preemptions", UI.el("b", { id: "preemptions" }, d.preemptions)],
+    d.preemptions === null || d.preemptions === undefined
+      ? ["last run preempted", UI.el("b", { id: "preempted" }, d.preempted_last_exit ? "yes (exit 75)" : "no")]
+      : ["preemptions", UI.el("b", { id: "preemptions" }, d.preemptions)],
     ["last exit code", UI.fmt(d.exit_code)],
     ["parent (PBT exploit)", d.parent_trial ? UI.link(`/trials/${d.parent_trial}`, `#${d.parent_trial}`) : "–"],
   ];

@@ -198,3 +198,17 @@ def test_postgres_store_read_only(tmp_path):
             c.execute(reader.table("experiments").delete())
     finally:
         reader.close()
+
+
+def test_preempted_trial(tmp_path):
+    """A trial whose last run exited with the preemption code (75) says so."""
+    url = f"sqlite:///{tmp_path / 'jaxcore.db'}"
+    store = Store(url)
+    exp = store.create_experiment("p", {"searcher": {"name": "random", "metric": "loss"}}, "/x")
+    running = store.create_trial(exp, {"x": 1}, 10)
+    paused = store.create_trial(exp, {"x": 2}, 10)
+    store.update_trial(paused, state="PAUSED", exit_code=75)
+    store.close()
+    with TestClient(create_app(url)) as c:
+        assert c.get(f"/api/trials/{paused}").json()["preempted_last_exit"] is True
+        assert c.get(f"/api/trials/{running}").json()["preempted_last_exit"] is False

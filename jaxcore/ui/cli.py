@@ -14,13 +14,18 @@ import argparse
 import logging
 import os
 import pathlib
+import sys
 
 from jaxcore.errors import ConfigError
 from jaxcore.ui.auth import TOKEN_ENV, RedactTokenFilter, is_local_host
+from jaxcore.ui.queries import sqlite_path
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="jaxcore ui", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(
+        prog="jaxcore ui",
+        description="Serve the read-only dashboard over an experiment store and dataset builds.",
+    )
     p.add_argument(
         "--workdir",
         default="experiments",
@@ -44,7 +49,7 @@ def _parser() -> argparse.ArgumentParser:
         default="127.0.0.1",
         help="bind address (default 127.0.0.1; any other needs a token)",
     )
-    p.add_argument("--port", type=int, default=8765)
+    p.add_argument("--port", type=int, default=8765, help="(default 8765)")
     p.add_argument(
         "--token-file", default=None, help=f"file holding the access token (default: ${TOKEN_ENV})"
     )
@@ -92,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         db, token = resolve(args)
     except ConfigError as e:
-        print(f"error: {e}", flush=True)
+        print(f"error: {e}", file=sys.stderr)
         return 2
     import uvicorn
 
@@ -101,6 +106,13 @@ def main(argv: list[str] | None = None) -> int:
     for name in ("uvicorn.access", "uvicorn.error"):
         logging.getLogger(name).addFilter(RedactTokenFilter())
     app = create_app(db, datasets=args.datasets, token=token)
+    path = sqlite_path(db)
+    if path is not None and not os.path.exists(path):
+        print(
+            f"jaxcore ui: no store at {path} yet; the pages fill in once an experiment "
+            "starts there (or pass --workdir / --db).",
+            file=sys.stderr,
+        )
     where = "with its access token" if token else "no token (local bind)"
     print(f"jaxcore ui: http://{args.host}:{args.port}/ ({where}); store {db}", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="info")

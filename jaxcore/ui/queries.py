@@ -180,11 +180,16 @@ def list_experiments(r: StoreReader) -> list[dict[str, Any]]:
     return [_summary(e, per.get(e["id"], [])) for e in exps]
 
 
-def _metric_rows(r: StoreReader, trial_ids: Iterable[int], after_id: int = 0) -> list[dict]:
+def _metric_rows(r: StoreReader, trial_ids: Iterable[int], kind: str | None = None) -> list[dict]:
+    """Metric rows of these trials (only ``kind`` rows when given: an experiment's page
+    needs validations only, and training reports can outnumber them a hundredfold)."""
     ids = list(trial_ids)
     if not ids:
         return []
-    return r.rows("metrics", lambda t: t.c.trial_id.in_(ids), lambda t: t.c.id > after_id)
+    where = [lambda t: t.c.trial_id.in_(ids)]
+    if kind is not None:
+        where.append(lambda t: t.c.kind == kind)
+    return r.rows("metrics", *where)
 
 
 def revision(r: StoreReader, exp_id: int | None = None, trial_id: int | None = None) -> str:
@@ -293,7 +298,7 @@ def experiment_detail(r: StoreReader, exp_id: int) -> dict[str, Any] | None:
     trials = r.rows("trials", lambda t: t.c.experiment_id == exp_id)
     summary = _summary(exp, trials)
     metric, smaller = summary["metric"], summary["smaller_is_better"]
-    rows = _metric_rows(r, [t["id"] for t in trials])
+    rows = _metric_rows(r, [t["id"] for t in trials], kind="validation")
     curves = _curves(rows, "validation", metric)
     latest = {tid: pts[-1][1] for tid, pts in curves.items() if pts}
     pick = min if smaller else max

@@ -36,6 +36,10 @@ function scatter(d) {
     select.replaceChildren(...numeric.map((n) => UI.el("option", { value: n }, n)));
     select.onchange = () => scatter(current);
   }
+  if (!numeric.length) {
+    UI.chart("scatter", "scatter", [], "no numeric hyperparameter", d.metric || "metric");
+    return;
+  }
   const name = select.value || numeric[0];
   const pts = d.trials_detail
     .filter((t) => typeof t.hparams[name] === "number" && (t.best_metric ?? t.latest_metric) !== null)

@@ -188,3 +188,12 @@ def test_real_server_in_token_mode(filled):
         out, _ = proc.communicate(timeout=30)
     assert "GET /api/models" in out and "token=<redacted>" in out  # access log is on
     assert TOKEN not in out
+
+
+def test_cli_refuses_a_non_local_bind_without_a_token(monkeypatch, capsys):
+    from jaxcore.ui.cli import main
+
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
+    assert main(["--host", "0.0.0.0", "--port", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "--host 0.0.0.0 is not local" in err and f"set ${TOKEN_ENV}" in err

@@ -24,17 +24,30 @@ import sqlalchemy as sa
 from jaxcore.errors import ConfigError
 from jaxcore.experiments import store as _store
 
-# store table -> its name in the database (taken from the store module, not retyped)
-TABLES = {
-    "experiments": _store.experiments.name,
-    "trials": _store.trials.name,
-    "metrics": _store.metrics.name,
-    "checkpoints": _store.checkpoints.name,
-    "models": _store.models.name,
-    "versions": _store.model_versions.name,
-    "aliases": _store.aliases.name,
+# store table -> its name in the database, from the store module's Table objects (the
+# literal is only the fallback should the store rename its Python attribute)
+_NAMES = {
+    "experiments": ("experiments", "jaxcore_experiments"),
+    "trials": ("trials", "jaxcore_trials"),
+    "metrics": ("metrics", "jaxcore_metrics"),
+    "checkpoints": ("checkpoints", "jaxcore_checkpoints"),
+    "models": ("models", "jaxcore_models"),
+    "versions": ("model_versions", "jaxcore_model_versions"),
+    "aliases": ("aliases", "jaxcore_model_aliases"),
 }
-TERMINAL = set(_store.TERMINAL) | {"FAILED"}  # FAILED: the store's next spelling of ERRORED
+TABLES = {
+    key: getattr(getattr(_store, attr, None), "name", default)
+    for key, (attr, default) in _NAMES.items()
+}
+# FAILED: the store's next spelling of ERRORED
+TERMINAL = {
+    *getattr(_store, "TERMINAL", ()),
+    "COMPLETED",
+    "STOPPED",
+    "ERRORED",
+    "FAILED",
+    "CANCELED",
+}
 PREEMPTED_EXIT = 75  # a trial that checkpointed and exited on SIGTERM
 LOG_TAIL_BYTES = 64_000
 

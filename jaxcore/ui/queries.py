@@ -75,9 +75,11 @@ def _plain(row: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def trial_dir(workdir: str, exp_id: int, trial_id: int) -> pathlib.Path:
-    """Where a trial's files live (mirrors the experiments package's layout)."""
-    return pathlib.Path(workdir) / f"exp-{exp_id}" / f"trial-{trial_id}"
+def trial_dir(experiment: dict[str, Any], trial_id: int) -> pathlib.Path:
+    """Where a trial's files live, mirroring the experiments package's layout:
+    ``<workdir>/<experiment uuid>/trial-<id>``, ``exp-<id>`` for stores without UUIDs."""
+    name = experiment.get("uuid") or f"exp-{experiment['id']}"
+    return pathlib.Path(experiment["workdir"]) / name / f"trial-{trial_id}"
 
 
 def sqlite_path(url: str) -> str | None:
@@ -377,7 +379,7 @@ def trial_revision(r: StoreReader, trial_id: int) -> str:
     if not found:
         return rev
     exp = r.rows("experiments", et.c.id == found[0]["experiment_id"])[0]
-    log = trial_dir(exp["workdir"], exp["id"], trial_id) / "logs.txt"
+    log = trial_dir(exp, trial_id) / "logs.txt"
     return f"{rev}-{log.stat().st_size if log.is_file() else 0}"
 
 
@@ -411,7 +413,7 @@ def trial_detail(r: StoreReader, trial_id: int) -> dict[str, Any] | None:
         }
         for c in r.rows("checkpoints", lambda c: c.c.trial_id == trial_id)
     ]
-    logs = _log_tail(trial_dir(exp["workdir"], exp["id"], trial_id) / "logs.txt")
+    logs = _log_tail(trial_dir(exp, trial_id) / "logs.txt")
     exit_code = t.get("exit_code")
     return {
         "id": t["id"],

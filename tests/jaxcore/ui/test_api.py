@@ -215,3 +215,11 @@ def test_preempted_trial(tmp_path):
     with TestClient(create_app(url)) as c:
         assert c.get(f"/api/trials/{paused}").json()["preempted_last_exit"] is True
         assert c.get(f"/api/trials/{running}").json()["preempted_last_exit"] is False
+
+
+def test_trial_dir_layouts():
+    """Logs are found under both layouts the experiments package has used."""
+    from jaxcore.ui.queries import trial_dir
+
+    assert str(trial_dir({"id": 3, "workdir": "/w"}, 7)) == "/w/exp-3/trial-7"
+    assert str(trial_dir({"id": 3, "uuid": "ab-12", "workdir": "/w"}, 7)) == "/w/ab-12/trial-7"

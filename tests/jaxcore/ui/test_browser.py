@@ -268,3 +268,17 @@ def test_experiment_list_live_when_a_search_starts(page, store):
     assert page.locator("#experiments tbody tr").count() == n + 1
     assert row.locator("td.searcher").inner_text() == "random"
     assert "0/3 trials" in row.locator("td.progress-cell").inner_text()
+
+
+def test_trial_page_live(page, filled, store):
+    trial = store.trials(filled.asha_id)[1]["id"]
+    page.goto(f"{page.base}/trials/{trial}")
+    page.locator("#checkpoints").wait_for()
+    page.wait_for_function("Chart.getChart('curve-training') !== undefined")
+    assert chart_points(page, "curve-training") == {}
+    store.add_metrics(trial, 3, {"train_loss": 2.5, "lr": 0.1})
+    page.wait_for_function(
+        "Chart.getChart('curve-training').data.datasets.map(d => d.label).join()"
+        " === 'lr,train_loss'"
+    )
+    assert chart_points(page, "curve-training") == {"lr": 1, "train_loss": 1}

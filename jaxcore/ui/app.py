@@ -20,7 +20,7 @@ from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
 from jaxcore.errors import ConfigError
-from jaxcore.ui import queries
+from jaxcore.ui import queries, snapshots
 from jaxcore.ui.auth import TokenMiddleware
 
 STATIC = pathlib.Path(__file__).with_name("static")
@@ -127,14 +127,14 @@ def create_app(
 
     @app.get("/api/datasets")
     def api_datasets() -> dict[str, Any]:
-        return {"datasets": queries.list_datasets(roots)}
+        return {"datasets": snapshots.list_datasets(roots)}
 
     @app.get("/api/datasets/{name}/diff")
     def api_dataset_diff(name: str, a: str, b: str) -> dict[str, Any]:
         if name not in roots:
             raise HTTPException(404, f"no dataset {name!r}; served: {sorted(roots)}")
         try:
-            return queries.dataset_diff(roots[name], a, b)
+            return snapshots.dataset_diff(roots[name], a, b)
         except ConfigError as e:
             raise HTTPException(400, str(e)) from e
 

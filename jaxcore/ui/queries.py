@@ -1,10 +1,10 @@
-"""The dashboard's one adapter onto what other packages store: the experiment store's
-tables and the ``data`` package's snapshot directories.
+"""The dashboard's adapter onto the experiment store (`jaxcore.ui.snapshots` is the one
+onto ``data`` builds).
 
-Every read of those structures lives here, so a change in the store's schema or the
-snapshot layout is a local fix. Tables are *reflected* from the database (their names
-come from `jaxcore.experiments.store`), so a column that an older or newer store lacks or
-adds is tolerated: rows are plain dicts read with ``.get``. Queries are SQLAlchemy Core
+Every read of the store's structures lives here, so a change in its schema is a local
+fix. Tables are *reflected* from the database (their names come from
+`jaxcore.experiments.store`), so a column that an older or newer store lacks or adds is
+tolerated: rows are plain dicts read with ``.get``. Queries are SQLAlchemy Core
 expressions, never strings. The connection is read-only at the database level: SQLite
 opens with ``mode=ro``; PostgreSQL sessions get ``default_transaction_read_only``.
 """
@@ -21,7 +21,6 @@ from typing import Any
 
 import sqlalchemy as sa
 
-from jaxcore.errors import ConfigError
 from jaxcore.experiments import store as _store
 
 # store table -> its name in the database, from the store module's Table objects (the
@@ -130,7 +129,8 @@ class StoreReader:
                 self._tables[key] = md.tables[TABLES[key]]
             return self._tables[key]
 
-    def rows(self, key: str, *where: Any, order: str = "id", limit: int | None = None) -> list:
+    def rows(self, key: str, *where: Any, order: str = "id") -> list[dict[str, Any]]:
+        """Rows of a store table (``where``: expressions, or functions of the table)."""
         t = self.table(key)
         if t is None:
             return []
@@ -139,8 +139,6 @@ class StoreReader:
             stmt = stmt.where(clause(t) if callable(clause) else clause)
         if order in t.c:
             stmt = stmt.order_by(t.c[order])
-        if limit is not None:
-            stmt = stmt.limit(limit)
         with self.engine.connect() as conn:
             return [_plain(dict(r._mapping)) for r in conn.execute(stmt)]
 
@@ -500,78 +498,3 @@ def list_models(r: StoreReader) -> list[dict[str, Any]]:
             }
         )
     return out
-
-
-# --------------------------------------------------------------------------- datasets
-def _manifest(version_dir: pathlib.Path) -> dict[str, Any] | None:
-    p = version_dir / "manifest.json"
-    if not p.is_file():
-        return None  # a build in progress or not a snapshot
-    return json.loads(p.read_text())
-
-
-def dataset_versions(root: pathlib.Path) -> list[dict[str, Any]]:
-    """Finished snapshot versions under a ``data build`` output directory, oldest first."""
-    if not root.is_dir():
-        return []
-    out = []
-    for vdir in sorted(p for p in root.iterdir() if p.is_dir()):
-        m = _manifest(vdir)
-        if m is None:
-            continue
-        stages = [
-            {
-                "name": s["name"],
-                "files_in": s.get("files_in"),
-                "files_out": s.get("files_out"),
-                "kept": s.get("files_out"),
-                "dropped": sum((s.get("dropped") or {}).values()),
-                "reasons": s.get("dropped") or {},
-                "bytes_in": s.get("bytes_in"),
-                "bytes_out": s.get("bytes_out"),
-            }
-            for s in m.get("stages", [])
-        ]
-        out.append(
-            {
-                "version": m.get("version", vdir.name),
-                "dir": str(vdir),
-                "inputs": m.get("inputs"),
-                "outputs": m.get("outputs"),
-                "dropped": m.get("dropped"),
-                "stages": stages,
-                "languages": m.get("languages") or {},
-                "licenses": m.get("licenses") or {},
-                "license_ids": m.get("license_ids") or {},
-                "code_version": m.get("code_version"),
-                "optout_registry_version": m.get("optout_registry_version"),
-            }
-        )
-    return out
-
-
-def list_datasets(roots: dict[str, pathlib.Path]) -> list[dict[str, Any]]:
-    return [
-        {"name": name, "root": str(root), "versions": dataset_versions(root)}
-        for name, root in roots.items()
-    ]
-
-
-def dataset_diff(root: pathlib.Path, a: str, b: str, limit: int = 200) -> dict[str, Any]:
-    """Files added, removed and changed from version ``a`` to ``b`` (data.snapshot's diff)."""
-    names = {v["version"]: pathlib.Path(v["dir"]) for v in dataset_versions(root)}
-    for v in (a, b):
-        if v not in names:
-            raise ConfigError(f"dataset {root}: no finished version {v!r} (have {sorted(names)})")
-    try:
-        from data.snapshot import diff_versions
-    except ImportError as e:  # pyarrow lives in the data extra
-        raise ConfigError(
-            f"diffing snapshots needs the data extra: pip install 'jaxcore[data]' ({e})"
-        ) from e
-    d = diff_versions(names[a], names[b])
-    return {
-        "a": a,
-        "b": b,
-        **{k: {"count": len(v), "files": [f"{r}/{p}" for r, p in v[:limit]]} for k, v in d.items()},
-    }

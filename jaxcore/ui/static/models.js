@@ -13,12 +13,13 @@ function datasetLink(path, roots) {
   return UI.el("span", {}, path);
 }
 
+// Read left to right the way the version came to be: dataset -> experiment -> trial ->
+// checkpoint (-> this version).
 function lineage(l, roots) {
-  const parts = [];
-  if (l.experiment !== undefined) parts.push(UI.link(`/experiments/${l.experiment}`, `experiment #${l.experiment}`), " → ");
-  if (l.trial !== undefined) parts.push(UI.link(`/trials/${l.trial}`, `trial #${l.trial}`), " → ");
-  if (l.checkpoint !== null && l.checkpoint !== undefined) parts.push(`checkpoint #${l.checkpoint} (step ${UI.fmt(l.step)})`, " ← ");
-  parts.push("dataset ", datasetLink(l.dataset, roots));
+  const parts = ["dataset ", datasetLink(l.dataset, roots)];
+  if (l.experiment !== undefined) parts.push(" → ", UI.link(`/experiments/${l.experiment}`, `experiment #${l.experiment}`));
+  if (l.trial !== undefined) parts.push(" → ", UI.link(`/trials/${l.trial}`, `trial #${l.trial}`));
+  if (l.checkpoint !== null && l.checkpoint !== undefined) parts.push(" → ", `checkpoint #${l.checkpoint} (step ${UI.fmt(l.step)})`);
   return UI.el("td", { class: "lineage" }, ...parts);
 }
 

@@ -21,7 +21,7 @@ from datasketch import LeanMinHash, MinHashLSH
 
 from data.config import DedupConfig
 from data.minhash import MinHasher
-from data.records import FileRecord, StepStats
+from data.records import FileRecord, StageStats
 from data.step import BatchStep
 
 LICENSE_RANK = {"permissive": 0, "no_license": 1, "non_permissive": 2}
@@ -37,7 +37,7 @@ class SignatureStep(BatchStep):
         self.config = config
         self.hasher = MinHasher(config.num_perm, config.shingle_size, config.seed)
 
-    def process_batch(self, records: list[FileRecord], stats: StepStats) -> None:
+    def process_batch(self, records: list[FileRecord], stats: StageStats) -> None:
         for r in records:
             r.sha256 = hashlib.sha256(r.content.encode("utf-8", "surrogatepass")).hexdigest()
         if not self.config.near:

@@ -23,7 +23,7 @@ import charset_normalizer
 
 from data.config import IngestConfig, SourceConfig
 from data.errors import BuildError
-from data.records import FileRecord, StepStats
+from data.records import FileRecord, StageStats
 from data.step import Step, StepRun
 
 Entry = tuple[FileRecord, bytes | None]
@@ -152,7 +152,7 @@ class IngestStep(Step):
         self.config = config
 
     def run(self, records: Iterable[RepoUnit], rank: int = 0, world_size: int = 1) -> StepRun:
-        stats = StepStats(self.name)
+        stats = StageStats(self.name)
         index = 0
         import time
 
@@ -190,7 +190,7 @@ class IngestStep(Step):
         rec.content, rec.encoding = decoded
 
     # -- directories -------------------------------------------------------------------
-    def _read_dir(self, unit: RepoUnit, stats: StepStats) -> Iterator[Entry]:
+    def _read_dir(self, unit: RepoUnit, stats: StageStats) -> Iterator[Entry]:
         root = Path(unit.path)
         for dirpath, dirs, files in os.walk(root):
             dirs[:] = sorted(d for d in dirs if d != ".git" and not os.path.islink(
@@ -232,7 +232,7 @@ class IngestStep(Step):
                 yield rec, raw
 
     # -- git ---------------------------------------------------------------------------
-    def _read_git(self, unit: RepoUnit, stats: StepStats) -> Iterator[Entry]:
+    def _read_git(self, unit: RepoUnit, stats: StageStats) -> Iterator[Entry]:
         path = unit.path
         commit, date = git_head(path)
         listing = subprocess.run(["git", "-C", path, "ls-tree", "-r", "-z", "-l", "--full-tree",
@@ -274,7 +274,7 @@ class IngestStep(Step):
             proc.wait()
 
     # -- archives ----------------------------------------------------------------------
-    def _read_archive(self, unit: RepoUnit, stats: StepStats
+    def _read_archive(self, unit: RepoUnit, stats: StageStats
                       ) -> Iterator[Entry]:
         reader = self._read_zip if unit.path.lower().endswith(".zip") else self._read_tar
         budget = [self.config.max_archive_bytes, self.config.max_archive_members]

@@ -23,7 +23,7 @@ import askalono
 import license_expression
 
 from data.config import LicenseConfig
-from data.records import FileRecord, StepStats
+from data.records import FileRecord, StageStats
 from data.step import StepRun
 
 LICENSE_FILE = re.compile(
@@ -202,7 +202,7 @@ class LicenseStep:
     def run(self, records: Iterable[FileRecord], rank: int = 0, world_size: int = 1) -> StepRun:
         import time
 
-        stats = StepStats(self.name)
+        stats = StageStats(self.name)
         buf: list[FileRecord] = []
         repo = None
         for rec in records:
@@ -224,7 +224,7 @@ class LicenseStep:
         stats.dropped = dict(sorted(stats.dropped.items()))
         return stats
 
-    def _emit(self, buf: list[FileRecord], stats: StepStats) -> Iterator[FileRecord]:
+    def _emit(self, buf: list[FileRecord], stats: StageStats) -> Iterator[FileRecord]:
         for rec in buf:
             if rec.drop_stage and rec.drop_stage != self.name:
                 yield rec
@@ -238,7 +238,7 @@ class LicenseStep:
                 stats.bytes_out += rec.size
             yield rec
 
-    def _apply(self, buf: list[FileRecord], stats: StepStats) -> None:
+    def _apply(self, buf: list[FileRecord], stats: StageStats) -> None:
         dir_licenses: dict[str, tuple[tuple[str, ...], str, tuple[str, ...]]] = {}
         found: dict[str, list[tuple[int, str, tuple[str, ...]]]] = {}
         for rec in buf:

@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 from data.errors import DataConfigError
-from data.records import FileRecord, StepStats
+from data.records import FileRecord, StageStats
 from data.step import Step
 
 
@@ -101,7 +101,7 @@ class OptOutStep(Step):
     def __init__(self, registry: OptOutRegistry) -> None:
         self.registry = registry
 
-    def process(self, record: FileRecord, stats: StepStats) -> str | None:
+    def process(self, record: FileRecord, stats: StageStats) -> str | None:
         e = self.registry.match(record)
         if e is None:
             return None

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from detect_secrets.plugins.high_entropy_strings import Base64HighEntropyString
 
 from data.config import PIIConfig
-from data.records import FileRecord, StepStats
+from data.records import FileRecord, StageStats
 from data.step import Step
 
 # Public DNS resolvers are not personal data (BigCode's PII pipeline kept them too).
@@ -627,7 +627,7 @@ class PIIStep(Step):
         self.config = config
         self.detector = PIIDetector(config)
 
-    def process(self, record: FileRecord, stats: StepStats) -> str | None:
+    def process(self, record: FileRecord, stats: StageStats) -> str | None:
         if not self.config.enabled:
             return None
         redacted, log = self.detector.redact(record.content)

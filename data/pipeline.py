@@ -35,7 +35,7 @@ from data.language import LanguageStep
 from data.license import LicenseStep
 from data.optout import OptOutRegistry, OptOutStep
 from data.pii import PIIStep
-from data.records import StepStats, merge_stats
+from data.records import StageStats, merge_stats
 from data.snapshot import (
     DROP_SCHEMA,
     KEPT_SCHEMA,
@@ -90,7 +90,7 @@ def stage1_shard(config: dict[str, Any], shard: int) -> dict[str, Any]:
     steps = [IngestStep(cfg.ingest), LanguageStep(cfg.language), LicenseStep(cfg.license),
              OptOutStep(registry), FilterStep(cfg.filters), PIIStep(cfg.pii),
              DecontamStep(cfg.decontam), SignatureStep(cfg.dedup)]
-    sink: list[StepStats] = []
+    sink: list[StageStats] = []
     d = _work(cfg) / "stage1"
     kept = RowWriter(d / f"kept-{shard:05d}.parquet", KEPT_SCHEMA)
     drops = RowWriter(d / f"drops-{shard:05d}.parquet", DROP_SCHEMA)
@@ -134,7 +134,7 @@ def dedup_phase(cfg: BuildConfig) -> dict[str, Any]:
     by_shard: dict[str, list] = {}
     for (shard, index), (reason, surv) in sorted(removed.items()):
         by_shard.setdefault(str(shard), []).append([index, reason, names[surv]])
-    stats = StepStats("dedup", files_in=len(items), files_out=len(items) - len(removed),
+    stats = StageStats("dedup", files_in=len(items), files_out=len(items) - len(removed),
                       counters=counters, seconds=time.perf_counter() - t0,
                       cpu_seconds=time.thread_time() - c0)
     for reason, _ in removed.values():
@@ -222,8 +222,8 @@ def build(cfg: BuildConfig) -> dict[str, Any]:
     t0 = time.perf_counter()
     s3 = executor.map(stage3_shard, config, shards, "write shards")
     timings["stage3"] = time.perf_counter() - t0
-    stage_stats = merge_stats([[StepStats.from_dict(s) for s in r["stats"]] for r in s1])
-    dedup_stats = StepStats.from_dict(dd["stats"])
+    stage_stats = merge_stats([[StageStats.from_dict(s) for s in r["stats"]] for r in s1])
+    dedup_stats = StageStats.from_dict(dd["stats"])
     dedup_stats.bytes_in = sum(r["bytes"] + r["removed_bytes"] for r in s3)
     dedup_stats.bytes_out = sum(r["bytes"] for r in s3)
     stage_stats.append(dedup_stats)

@@ -49,7 +49,7 @@ class FileRecord:
 
 
 @dataclass
-class StepStats:
+class StageStats:
     """What one step did to the files it saw: counts, bytes, drop reasons and seconds."""
 
     name: str
@@ -68,9 +68,9 @@ class StepStats:
         """Add ``n`` to a named counter."""
         self.counters[key] = self.counters.get(key, 0) + n
 
-    def merged(self, other: StepStats) -> StepStats:
+    def merged(self, other: StageStats) -> StageStats:
         """Return the sum of two statistics of the same step."""
-        out = StepStats(self.name)
+        out = StageStats(self.name)
         for f in ("files_in", "bytes_in", "files_out", "bytes_out", "seconds", "cpu_seconds"):
             setattr(out, f, getattr(self, f) + getattr(other, f))
         for key in ("dropped", "counters"):
@@ -85,14 +85,14 @@ class StepStats:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> StepStats:
+    def from_dict(cls, d: dict[str, Any]) -> StageStats:
         """Inverse of :meth:`to_dict`."""
         return cls(**d)
 
 
-def merge_stats(all_stats: list[list[StepStats]]) -> list[StepStats]:
+def merge_stats(all_stats: list[list[StageStats]]) -> list[StageStats]:
     """Merge per-shard statistics lists (same step order in each) into one list."""
-    by_name: dict[str, StepStats] = {}
+    by_name: dict[str, StageStats] = {}
     for stats in all_stats:
         for s in stats:
             by_name[s.name] = by_name[s.name].merged(s) if s.name in by_name else s

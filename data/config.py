@@ -138,8 +138,9 @@ class PIIConfig:
     """PII redaction."""
 
     enabled: bool = True
-    types: tuple[str, ...] = PII_TYPES
-    """Which kinds of PII to redact."""
+    types: tuple[str, ...] = tuple(t for t in PII_TYPES if t != "phone")
+    """Which kinds of PII to redact. Phones are off by default: StarCoder2 did not redact
+    them, and in code nearly all phone-shaped numbers are constants tables."""
     entropy_base64: float = 4.0
     """Shannon-entropy threshold (bits/char) for base64-like secrets in key contexts."""
     entropy_hex: float = 3.0

@@ -50,6 +50,7 @@ from data.snapshot import (
     write_checksums,
 )
 from data.step import chain
+from data.versions import version_key
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,32 @@ def _mark(path: Path, payload: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def pii_secret(cfg: BuildConfig) -> bytes:
+    """The build's HMAC key for the PII log, kept beside the output, never inside it.
+
+    ``DATA_PII_SECRET`` (hex) overrides it, so two output folders can be compared byte
+    for byte; otherwise ``<output_dir>/.pii_secrets/<version>.key`` is created once and
+    reused when the build resumes.
+    """
+    env = os.environ.get("DATA_PII_SECRET", "")
+    if env:
+        return bytes.fromhex(env)
+    p = Path(cfg.output_dir) / ".pii_secrets" / f"{cfg.version}.key"
+    if not p.exists():
+        import secrets
+
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_name(f"{p.name}.{os.getpid()}.tmp")
+        tmp.write_text(secrets.token_hex(32))
+        tmp.chmod(0o600)
+        try:
+            os.link(tmp, p)  # first writer wins; concurrent workers read its key
+        except FileExistsError:
+            pass
+        tmp.unlink()
+    return bytes.fromhex(p.read_text().strip())
+
+
 def _plan(cfg: BuildConfig) -> list[list]:
     return assign_shards(plan_units(cfg.sources), cfg.num_shards)
 
@@ -88,7 +115,7 @@ def stage1_shard(config: dict[str, Any], shard: int) -> dict[str, Any]:
     units = _plan(cfg)[shard]
     registry = OptOutRegistry.load(cfg.optout.registry) if cfg.optout.registry else OptOutRegistry()
     steps = [IngestStep(cfg.ingest), LanguageStep(cfg.language), LicenseStep(cfg.license),
-             OptOutStep(registry), FilterStep(cfg.filters), PIIStep(cfg.pii),
+             OptOutStep(registry), FilterStep(cfg.filters), PIIStep(cfg.pii, pii_secret(cfg)),
              DecontamStep(cfg.decontam), SignatureStep(cfg.dedup)]
     sink: list[StageStats] = []
     d = _work(cfg) / "stage1"
@@ -102,7 +129,7 @@ def stage1_shard(config: dict[str, Any], shard: int) -> dict[str, Any]:
         kept.add(kept_row(rec))
         for e in rec.redactions:
             pii.add({"repo": rec.repo, "path": rec.path, "type": e["type"], "start": e["start"],
-                     "end": e["end"], "value_sha256": e["sha256"]})
+                     "end": e["end"], "value_hmac": e["hmac"]})
     result = {"shard": shard, "kept": kept.close(), "dropped": drops.close(),
               "pii_logged": pii.close(), "stats": [s.to_dict() for s in sink]}
     _mark(marker, result)
@@ -209,6 +236,7 @@ def build(cfg: BuildConfig) -> dict[str, Any]:
     t_start = time.perf_counter()
     vdir = cfg.version_dir
     vdir.mkdir(parents=True, exist_ok=True)
+    pii_secret(cfg)  # created before the workers start
     config = cfg.to_dict()
     executor = make_executor(cfg.executor, cfg.workers, cfg.progress)
     shards = list(range(cfg.num_shards))
@@ -277,6 +305,9 @@ def build(cfg: BuildConfig) -> dict[str, Any]:
 
 
 def _previous_version(output_dir: Path, version: str) -> str | None:
-    versions = sorted(p.name for p in output_dir.iterdir()
-                      if p.is_dir() and (p / "manifest.json").exists() and p.name != version)
+    """The newest finished version ordered before ``version`` (semantic order)."""
+    key = version_key(version)
+    versions = sorted((p.name for p in output_dir.iterdir()
+                       if p.is_dir() and (p / "manifest.json").exists() and p.name != version
+                       and version_key(p.name) < key), key=version_key)
     return versions[-1] if versions else None

@@ -35,7 +35,7 @@ DROP_SCHEMA = pa.schema([
 ])
 PII_LOG_SCHEMA = pa.schema([
     ("repo", pa.string()), ("path", pa.string()), ("type", pa.string()), ("start", pa.int64()),
-    ("end", pa.int64()), ("value_sha256", pa.string()),
+    ("end", pa.int64()), ("value_hmac", pa.string()),
 ])
 
 

@@ -63,9 +63,13 @@ class IngestConfig:
     """Total decompressed bytes read from one archive before the rest is dropped."""
     max_archive_members: int = 200_000
     """Members read from one archive before the rest is dropped."""
+    max_compression_ratio: float = 200.0
+    """Expanded bytes per compressed byte of an archive (and of a zip member) before the
+    rest is dropped as a decompression bomb; source code compresses 3-20x."""
 
     def __post_init__(self) -> None:
-        for f in ("max_file_bytes", "max_archive_bytes", "max_archive_members"):
+        for f in ("max_file_bytes", "max_archive_bytes", "max_archive_members",
+                  "max_compression_ratio"):
             _require(getattr(self, f) > 0, f"ingest.{f}", "must be positive", "use a value > 0")
 
 

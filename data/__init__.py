@@ -22,7 +22,7 @@ _EXPORTS = {
                     "load_config"),
     "data.errors": ("BuildError", "DataConfigError", "DataError"),
     "data.language": ("detect_language", "supported_languages"),
-    "data.license": ("classify_expression", "identify_text", "license_file_verdict",
+    "data.license": ("classify_expression", "identify_text",
                      "package_license_agreement"),
     "data.minhash": ("MinHasher",),
     "data.optout": ("OptOutRegistry", "add_request"),

@@ -19,7 +19,7 @@ from data.errors import DataConfigError
 
 MiB = 1 << 20
 
-LICENSE_TYPES = ("permissive", "no_license", "non_permissive")
+LICENSE_TYPES = ("permissive", "no_license", "non_permissive", "unidentified_license")
 PII_TYPES = ("email", "ip", "key", "password", "credit_card", "phone", "name")
 
 

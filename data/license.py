@@ -38,6 +38,9 @@ _README_SECTION = re.compile(r"^(#+\s*|)licen[cs]e\s*:?\s*$\n(?:[-=]+\s*\n)?([\s
 PERMISSIVE = "permissive"
 NO_LICENSE = "no_license"
 NON_PERMISSIVE = "non_permissive"
+UNIDENTIFIED = "unidentified_license"
+"""A LICENSE/COPYING file whose text matches no known license: excluded by default,
+since keeping it as ``no_license`` would let unrecognised copyleft texts through."""
 
 
 @functools.cache
@@ -248,6 +251,10 @@ class LicenseStep:
             if not (LICENSE_FILE.match(base) or README_FILE.match(base)):
                 continue
             ids = license_of_file(rec.path, rec.content, self.config.min_score)
+            if not ids and LICENSE_FILE.match(base) and rec.content.strip() and not base.lower(
+                    ).startswith(("notice", "copyright")):
+                ids = (UNIDENTIFIED,)
+                stats.count("unidentified_license_files")
             if ids:
                 stats.count("license_files")
                 rank = 1 if README_FILE.match(base) else (
@@ -280,7 +287,9 @@ class LicenseStep:
                     if not d:
                         break
                     d = posixpath.dirname(d)
-                if rec.license_ids:
+                if rec.license_ids and UNIDENTIFIED in primaries:
+                    rec.license_type = UNIDENTIFIED
+                elif rec.license_ids:
                     # Several license files in one place mean a choice (dual licensing).
                     rec.license_type = classify_expression(
                         " OR ".join(primaries), self.config.extra_permissive)

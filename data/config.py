@@ -93,6 +93,9 @@ class LicenseConfig:
     """Minimum askalono match score for a license file to count."""
     extra_permissive: tuple[str, ...] = ()
     """SPDX ids to treat as permissive in addition to Blue Oak and ScanCode's lists."""
+    max_buffer_bytes: int = 64 * MiB
+    """File contents of one repository held in memory while its license files are found;
+    the rest wait in a temporary file (the step streams whatever the repository's size)."""
 
     def __post_init__(self) -> None:
         bad = [k for k in self.keep if k not in LICENSE_TYPES]

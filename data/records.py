@@ -29,6 +29,9 @@ class FileRecord:
     license_type: str = ""
     license_ids: tuple[str, ...] = ()
     license_source: str = ""
+    """The file that decided the license (``LICENSE``, ``sub/COPYING``) or ``spdx-header``."""
+    license_score: float = 0.0
+    """The deciding match's score (askalono's similarity; 1.0 for SPDX lines)."""
     sha256: str = ""
     pii_counts: dict[str, int] = field(default_factory=dict)
     redactions: list[dict[str, Any]] = field(default_factory=list)

@@ -1,4 +1,4 @@
-"""Command line: ``python -m data build|diff|optout add|stats|redact`` (also ``jaxcore data ...``)."""
+"""Command line: ``python -m data build|diff|optout add|stats|redact`` (or ``jaxcore data``)."""
 
 from __future__ import annotations
 

@@ -81,6 +81,9 @@ class RayPipelineExecutor:
         return [by_shard[s] for s in shards]
 
 
-def make_executor(kind: str, workers: int, progress: bool) -> LocalPipelineExecutor | RayPipelineExecutor:
+def make_executor(kind: str, workers: int, progress: bool
+                  ) -> LocalPipelineExecutor | RayPipelineExecutor:
     """The executor a config names."""
-    return RayPipelineExecutor(workers, progress) if kind == "ray" else LocalPipelineExecutor(workers, progress)
+    if kind == "ray":
+        return RayPipelineExecutor(workers, progress)
+    return LocalPipelineExecutor(workers, progress)

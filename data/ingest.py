@@ -258,12 +258,14 @@ class IngestStep(Step):
             entries.append((name.decode("utf-8", "surrogateescape"), mode.decode(), kind.decode(),
                             sha.decode(), size.decode()))
         entries.sort()
+        authors = git_file_authors(path, commit)
         proc = subprocess.Popen(["git", "-C", path, "cat-file", "--batch"], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE)
         assert proc.stdin is not None and proc.stdout is not None
         try:
             for name, mode, kind, sha, size in entries:
-                rec = FileRecord(repo=unit.name, path=name, commit=commit, commit_date=date)
+                rec = FileRecord(repo=unit.name, path=name, commit=commit, commit_date=date,
+                                 authors=authors.get(name, ()))
                 rec.size = int(size) if size.isdigit() else 0
                 if mode == "120000":
                     rec.drop(self.name, "symlink")
@@ -388,6 +390,21 @@ class IngestStep(Step):
                     yield out
                 if out is not None and out[0].drop_reason in BUDGET_REASONS:
                     return
+
+
+def git_file_authors(path: str, commit: str) -> dict[str, tuple[str, ...]]:
+    """``Name <email>`` of every author who committed to each file, from one ``git log``."""
+    out = subprocess.run(["git", "-C", path, "-c", "core.quotePath=false", "log",
+                          "--no-renames", "--format=%x01%an <%ae>", "--name-only", commit],
+                         capture_output=True, check=False).stdout.decode("utf-8",
+                                                                        "surrogateescape")
+    found: dict[str, set[str]] = {}
+    for block in out.split("\x01")[1:]:
+        who, *files = block.split("\n")
+        for f in files:
+            if f:
+                found.setdefault(f, set()).add(who)
+    return {f: tuple(sorted(a)) for f, a in found.items()}
 
 
 def git_head(path: str) -> tuple[str, str]:

@@ -28,25 +28,35 @@ import askalono
 END_LINE = re.compile(
     r"(?im)^.*(?:DEALINGS\s+IN\s+(?:THE\s+)?SOFTWARE\.?|SUCH\s+DAMAGE\.?|"
     r"PERFORMANCE\s+OF\s+THIS\s+SOFTWARE\.?|END\s+OF\s+TERMS\s+AND\s+CONDITIONS|"
-    r"limitations\s+under\s+the\s+License\.)\s*$")
+    r"limitations\s+under\s+the\s+License\.)\s*$"
+)
 SEPARATOR = re.compile(r"(?m)^\s*(?:-{3,}|={3,}|\*{3,}|_{3,}|#{3,}|~{3,})\s*$")
 BUNDLE_HEADER = re.compile(r"(?m)^(?:Name|Files|Package|Component):\s+\S")
 TITLE = re.compile(
     r"(?im)^[ \t]*(?:the[ \t]+)?(?:GNU[ \t]+(?:LESSER|LIBRARY|AFFERO)?[ \t]*GENERAL[ \t]+PUBLIC"
     r"[ \t]+LICEN[CS]E|Apache[ \t]+License|Mozilla[ \t]+Public[ \t]+License|Eclipse[ \t]+"
     r"Public[ \t]+License|MIT[ \t]+License|BSD[ \t]+\d-Clause|ISC[ \t]+License|Boost[ \t]+"
-    r"Software[ \t]+License|zlib[ \t]+License|Artistic[ \t]+License)\b")
+    r"Software[ \t]+License|zlib[ \t]+License|Artistic[ \t]+License)\b"
+)
 
 # Copyleft titles with their version line: (regex over the first 600 chars, SPDX id).
 TITLE_IDS = [
-    (re.compile(r"(?is)GNU\s+LESSER\s+GENERAL\s+PUBLIC\s+LICEN[CS]E\s+Version\s+3"),
-     "LGPL-3.0-only"),
-    (re.compile(r"(?is)GNU\s+LESSER\s+GENERAL\s+PUBLIC\s+LICEN[CS]E\s+Version\s+2\.1"),
-     "LGPL-2.1-only"),
-    (re.compile(r"(?is)GNU\s+LIBRARY\s+GENERAL\s+PUBLIC\s+LICEN[CS]E\s+Version\s+2"),
-     "LGPL-2.0-only"),
-    (re.compile(r"(?is)GNU\s+AFFERO\s+GENERAL\s+PUBLIC\s+LICEN[CS]E\s+Version\s+3"),
-     "AGPL-3.0-only"),
+    (
+        re.compile(r"(?is)GNU\s+LESSER\s+GENERAL\s+PUBLIC\s+LICEN[CS]E\s+Version\s+3"),
+        "LGPL-3.0-only",
+    ),
+    (
+        re.compile(r"(?is)GNU\s+LESSER\s+GENERAL\s+PUBLIC\s+LICEN[CS]E\s+Version\s+2\.1"),
+        "LGPL-2.1-only",
+    ),
+    (
+        re.compile(r"(?is)GNU\s+LIBRARY\s+GENERAL\s+PUBLIC\s+LICEN[CS]E\s+Version\s+2"),
+        "LGPL-2.0-only",
+    ),
+    (
+        re.compile(r"(?is)GNU\s+AFFERO\s+GENERAL\s+PUBLIC\s+LICEN[CS]E\s+Version\s+3"),
+        "AGPL-3.0-only",
+    ),
     (re.compile(r"(?is)GNU\s+GENERAL\s+PUBLIC\s+LICEN[CS]E\s+Version\s+3"), "GPL-3.0-only"),
     (re.compile(r"(?is)GNU\s+GENERAL\s+PUBLIC\s+LICEN[CS]E\s+Version\s+2"), "GPL-2.0-only"),
     (re.compile(r"(?is)Mozilla\s+Public\s+License\s*,?\s+(?:Version|v\.?)\s*2\.0"), "MPL-2.0"),
@@ -56,21 +66,32 @@ TITLE_IDS = [
 ]
 # Standard notices (the short form a license asks projects to put in files/READMEs).
 NOTICES = [
-    (re.compile(r"(?is)subject\s+to\s+the\s+terms\s+of\s+the\s+Mozilla\s+Public\s+License,?"
-                r"\s+v\.?\s*2\.0"), "MPL-2.0"),
-    (re.compile(r"(?is)GNU\s+Lesser\s+General\s+Public\s+License.{0,200}?version\s+3"),
-     "LGPL-3.0-or-later"),
-    (re.compile(r"(?is)GNU\s+Lesser\s+General\s+Public\s+License.{0,200}?version\s+2\.1"),
-     "LGPL-2.1-or-later"),
-    (re.compile(r"(?is)GNU\s+Affero\s+General\s+Public\s+License.{0,200}?version\s+3"),
-     "AGPL-3.0-or-later"),
-    (re.compile(r"(?is)GNU\s+General\s+Public\s+License.{0,200}?version\s+3"),
-     "GPL-3.0-or-later"),
-    (re.compile(r"(?is)GNU\s+General\s+Public\s+License.{0,200}?version\s+2"),
-     "GPL-2.0-or-later"),
+    (
+        re.compile(
+            r"(?is)subject\s+to\s+the\s+terms\s+of\s+the\s+Mozilla\s+Public\s+License,?"
+            r"\s+v\.?\s*2\.0"
+        ),
+        "MPL-2.0",
+    ),
+    (
+        re.compile(r"(?is)GNU\s+Lesser\s+General\s+Public\s+License.{0,200}?version\s+3"),
+        "LGPL-3.0-or-later",
+    ),
+    (
+        re.compile(r"(?is)GNU\s+Lesser\s+General\s+Public\s+License.{0,200}?version\s+2\.1"),
+        "LGPL-2.1-or-later",
+    ),
+    (
+        re.compile(r"(?is)GNU\s+Affero\s+General\s+Public\s+License.{0,200}?version\s+3"),
+        "AGPL-3.0-or-later",
+    ),
+    (re.compile(r"(?is)GNU\s+General\s+Public\s+License.{0,200}?version\s+3"), "GPL-3.0-or-later"),
+    (re.compile(r"(?is)GNU\s+General\s+Public\s+License.{0,200}?version\s+2"), "GPL-2.0-or-later"),
     (re.compile(r"(?is)Eclipse\s+Public\s+License\s+v\.?\s*2\.0"), "EPL-2.0"),
-    (re.compile(r"(?is)Licensed\s+under\s+the\s+Apache\s+License,?\s+Version\s+2\.0"),
-     "Apache-2.0"),
+    (
+        re.compile(r"(?is)Licensed\s+under\s+the\s+Apache\s+License,?\s+Version\s+2\.0"),
+        "Apache-2.0",
+    ),
 ]
 WHOLE_SURE = 0.95
 """A whole file scoring this high is one license text, whatever its separators."""
@@ -146,8 +167,7 @@ def _notice_id(text: str) -> str | None:
     return None
 
 
-def identify_parts(text: str, min_score: float = 0.8, max_parts: int = 16
-                   ) -> list[LicenseMatch]:
+def identify_parts(text: str, min_score: float = 0.8, max_parts: int = 16) -> list[LicenseMatch]:
     """Every license found in a license file, the project's own first.
 
     The whole file is read: each part is scored; a copyleft text is also known by its

@@ -3,7 +3,8 @@
 Keys and passwords come from the rule families of :mod:`data.secrets` (provider formats,
 keyed values in any syntax, flags, headers, DSNs, login calls) plus detect-secrets'
 plugin regexes. Phone numbers are off by default (StarCoder2 did not redact them; in
-code they are mostly tables of constants). Every value is replaced consistently within a file (``<EMAIL>``,
+code they are mostly tables of constants). Every value is replaced consistently within
+a file (``<EMAIL>``,
 ``<KEY>``, ``<PASSWORD>``, ``<NAME>``, ``<CREDIT_CARD>``, ``<PHONE>``; IP addresses by a
 synthetic private address of the same family) and logged by type, position and a hash
 of the value, never the value itself.
@@ -108,7 +109,16 @@ TOKEN_TAIL = re.compile(r"[A-Za-z0-9_\-+/=.]+")
 # Generic top-level domains seen in mail addresses; any two-letter (country) TLD counts
 # too. ``weights@inputs.transpose(...)`` (matrix multiply) and ``deploy@db.internal``
 # (ssh targets) end in words that are no such domain.
-GENERIC_TLDS = frozenset(["com", "org", "net", "edu", "gov", "mil", "int", "info", "biz", "name", "pro", "aero", "coop", "museum", "mobi", "asia", "tel", "jobs", "travel", "app", "dev", "io", "ai", "co", "me", "tech", "online", "site", "xyz", "cloud", "email", "systems", "software", "codes", "digital", "design", "studio", "agency", "company", "solutions", "services", "consulting", "network", "works", "tools", "space", "blog", "news", "media", "team", "group", "club", "life", "live", "world", "today", "academy", "engineering", "science", "global", "center", "support", "zone", "one", "page", "link", "website", "email", "host", "club", "store", "shop"])
+GENERIC_TLDS = frozenset({
+    "com", "org", "net", "edu", "gov", "mil", "int", "info", "biz", "name", "pro", "aero",
+    "coop", "museum", "mobi", "asia", "tel", "jobs", "travel", "app", "dev", "io", "ai",
+    "co", "me", "tech", "online", "site", "xyz", "cloud", "email", "systems", "software",
+    "codes", "digital", "design", "studio", "agency", "company", "solutions", "services",
+    "consulting", "network", "works", "tools", "space", "blog", "news", "media", "team",
+    "group", "club", "life", "live", "world", "today", "academy", "engineering", "science",
+    "global", "center", "support", "zone", "one", "page", "link", "website", "host",
+    "store", "shop",
+})
 # Dotted quads next to these words are versions, OIDs or sections (any part of the
 # nearest preceding identifier: AssemblyFileVersion, firmware, since, release_tag).
 VERSION_WORDS = re.compile(

@@ -14,9 +14,32 @@ from dataclasses import dataclass
 # Cheap scans that find the lines worth the full patterns (PII is rare in code: most
 # lines never reach the expensive regexes; measured 5x faster on site-packages).
 # Keywords that must appear on a line for the secret / name patterns to be tried there.
-SECRET_WORDS = ("key", "secret", "token", "cred", "pass", "pwd", "pw", "auth", "bearer",
-                "basic", "login", "logon", "sign", "connect", "bind", "identified", "pdo",
-                "://", "@tcp", "-p", "-a", "sig", "session", "bot ")
+SECRET_WORDS = (
+    "key",
+    "secret",
+    "token",
+    "cred",
+    "pass",
+    "pwd",
+    "pw",
+    "auth",
+    "bearer",
+    "basic",
+    "login",
+    "logon",
+    "sign",
+    "connect",
+    "bind",
+    "identified",
+    "pdo",
+    "://",
+    "@tcp",
+    "-p",
+    "-a",
+    "sig",
+    "session",
+    "bot ",
+)
 NAME_WORDS = ("author", "maintainer", "written by", "created by", "signed-off-by")
 # Each hint starts with a literal or a character class so that ``re`` skips ahead in C to
 # the next candidate position (its prefix/charset search); the equivalent forms that open
@@ -151,8 +174,7 @@ def _node_literals(op: str, av: object) -> frozenset[str] | None:
         best = _best(_factors(av[2]))  # type: ignore[index]
     elif op == "BRANCH":
         alts = [_best(_factors(a)) for a in av[1]]  # type: ignore[index]
-        return None if any(a is None for a in alts) else frozenset().union(
-            *(a[1] for a in alts))  # type: ignore[index]
+        return None if any(a is None for a in alts) else frozenset().union(*(a[1] for a in alts))  # type: ignore[index]
     else:
         return None
     return best[1] if best else None
@@ -190,9 +212,12 @@ def analyse_key_pattern(pattern: re.Pattern[str]) -> KeyPattern:
         if folded:
             literals = frozenset(lit.casefold() for lit in literals)
         gate = None
-        if (min(map(len, literals)) < _MIN_LITERAL and index > 0
-                and str(parsed.data[index][0]) == "LITERAL"
-                and not _ops(list(parsed.data)) & {"GROUPREF", "GROUPREF_EXISTS"}):
+        if (
+            min(map(len, literals)) < _MIN_LITERAL
+            and index > 0
+            and str(parsed.data[index][0]) == "LITERAL"
+            and not _ops(list(parsed.data)) & {"GROUPREF", "GROUPREF_EXISTS"}
+        ):
             tail = sre_parse.SubPattern(parsed.state, list(parsed.data[index:]))
             gate = sre_compile.compile(tail, pattern.flags)
             literals = None  # the gate regex is the stronger test
@@ -206,11 +231,24 @@ def _known_key_patterns() -> list[KeyPattern]:
     """Regexes of detect-secrets plugins for specific key formats, with their gates."""
     from detect_secrets.core.plugins.util import get_mapping_from_secret_type_to_class
 
-    wanted = {"AWSKeyDetector", "AzureStorageKeyDetector", "DiscordBotTokenDetector",
-              "GitHubTokenDetector", "GitLabTokenDetector", "JwtTokenDetector",
-              "MailchimpDetector", "NpmDetector", "OpenAIDetector", "PypiTokenDetector",
-              "SendGridDetector", "SlackDetector", "SquareOAuthDetector", "StripeDetector",
-              "TelegramBotTokenDetector", "TwilioKeyDetector"}
+    wanted = {
+        "AWSKeyDetector",
+        "AzureStorageKeyDetector",
+        "DiscordBotTokenDetector",
+        "GitHubTokenDetector",
+        "GitLabTokenDetector",
+        "JwtTokenDetector",
+        "MailchimpDetector",
+        "NpmDetector",
+        "OpenAIDetector",
+        "PypiTokenDetector",
+        "SendGridDetector",
+        "SlackDetector",
+        "SquareOAuthDetector",
+        "StripeDetector",
+        "TelegramBotTokenDetector",
+        "TwilioKeyDetector",
+    }
     pats = []
     for cls in get_mapping_from_secret_type_to_class().values():
         if cls.__name__ in wanted:

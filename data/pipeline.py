@@ -15,6 +15,7 @@ survivor of a duplicate cluster.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -33,12 +34,14 @@ from data.filters import FilterStep
 from data.ingest import IngestStep, assign_shards, plan_units
 from data.language import LanguageStep
 from data.license import LicenseStep
+from data.minhash import MinHasher
 from data.optout import OptOutRegistry, OptOutStep
 from data.pii import PIIStep
 from data.records import StageStats, merge_stats
 from data.snapshot import (
     DROP_SCHEMA,
     KEPT_SCHEMA,
+    OPTOUT_SCHEMA,
     OUTPUT_COLUMNS,
     PII_LOG_SCHEMA,
     RowWriter,
@@ -46,6 +49,7 @@ from data.snapshot import (
     code_version,
     drop_row,
     kept_row,
+    optout_row,
     sha256_file,
     write_checksums,
 )
@@ -91,10 +95,8 @@ def pii_secret(cfg: BuildConfig) -> bytes:
         tmp = p.with_name(f"{p.name}.{os.getpid()}.tmp")
         tmp.write_text(secrets.token_hex(32))
         tmp.chmod(0o600)
-        try:
+        with contextlib.suppress(FileExistsError):
             os.link(tmp, p)  # first writer wins; concurrent workers read its key
-        except FileExistsError:
-            pass
         tmp.unlink()
     return bytes.fromhex(p.read_text().strip())
 
@@ -122,14 +124,21 @@ def stage1_shard(config: dict[str, Any], shard: int) -> dict[str, Any]:
     kept = RowWriter(d / f"kept-{shard:05d}.parquet", KEPT_SCHEMA)
     drops = RowWriter(d / f"drops-{shard:05d}.parquet", DROP_SCHEMA)
     pii = RowWriter(d / f"pii-{shard:05d}.parquet", PII_LOG_SCHEMA)
+    opted = RowWriter(d / f"optout-{shard:05d}.parquet", OPTOUT_SCHEMA)
+    hasher = MinHasher(cfg.dedup.num_perm, cfg.dedup.shingle_size, cfg.dedup.seed)
     for rec in chain(steps, iter(units), sink, shard, cfg.num_shards):
         if rec.drop_stage:
             drops.add(drop_row(rec))
+            if rec.drop_stage == "optout" and rec.content:
+                # Kept aside (hash and signature only) so that copies of the opted-out
+                # code elsewhere are removed by the dedup phase.
+                opted.add(optout_row(rec, hasher))
             continue
         kept.add(kept_row(rec))
         for e in rec.redactions:
             pii.add({"repo": rec.repo, "path": rec.path, "type": e["type"], "start": e["start"],
                      "end": e["end"], "value_hmac": e["hmac"]})
+    opted.close()
     result = {"shard": shard, "kept": kept.close(), "dropped": drops.close(),
               "pii_logged": pii.close(), "stats": [s.to_dict() for s in sink]}
     _mark(marker, result)
@@ -157,11 +166,21 @@ def dedup_phase(cfg: BuildConfig) -> dict[str, Any]:
                                    np.frombuffer(sig, dtype=np.uint32) if sig else None,
                                    t["license_type"][i], t["stars"][i], t["commit_date"][i]))
             names[key] = f"{t['repo'][i]}/{t['path'][i]}"
+    kept_count = len(items)
+    for shard in range(cfg.num_shards):
+        t = pq.read_table(_work(cfg) / "stage1" / f"optout-{shard:05d}.parquet").to_pydict()
+        for i in range(len(t["index"])):
+            key = (t["shard"][i], t["index"][i])
+            sig = t["signature"][i]
+            items.append(DedupItem(key, t["sha256"][i],
+                                   np.frombuffer(sig, dtype=np.uint32) if sig else None,
+                                   "", 0, "", opted_out=True))
+            names[key] = f"{t['repo'][i]}/{t['path'][i]}"
     removed, counters = find_duplicates(items, cfg.dedup)
     by_shard: dict[str, list] = {}
     for (shard, index), (reason, surv) in sorted(removed.items()):
         by_shard.setdefault(str(shard), []).append([index, reason, names[surv]])
-    stats = StageStats("dedup", files_in=len(items), files_out=len(items) - len(removed),
+    stats = StageStats("dedup", files_in=kept_count, files_out=kept_count - len(removed),
                       counters=counters, seconds=time.perf_counter() - t0,
                       cpu_seconds=time.thread_time() - c0)
     for reason, _ in removed.values():

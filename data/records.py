@@ -17,6 +17,8 @@ class FileRecord:
     path: str
     commit: str = ""
     commit_date: str = ""
+    authors: tuple[str, ...] = ()
+    """``Name <email>`` of every commit author who touched the file (git sources only)."""
     content: str = ""
     size: int = 0
     encoding: str = "utf-8"

@@ -24,41 +24,74 @@ from collections.abc import Iterator
 from detect_secrets.plugins.high_entropy_strings import Base64HighEntropyString
 
 # -- provider formats (gitleaks rule ids in comments) ------------------------------------
-PROVIDER_PATTERNS = [re.compile(p) for p in (
-    r"\bgithub_pat_\w{82}\b",  # github-fine-grained-pat
-    r"\bgh[pousr]_[0-9A-Za-z]{36}\b",  # github-pat, github-oauth, github-app-token
-    r"\bglpat-[\w-]{20}\b",  # gitlab-pat
-    r"\bsk-(?:proj|svcacct|admin)-[\w-]{40,}T3BlbkFJ[\w-]{40,}",  # openai-api-key
-    r"\bsk-[A-Za-z0-9]{20}T3BlbkFJ[A-Za-z0-9]{20}\b",  # openai-api-key (legacy)
-    r"\bsk-ant-(?:api03|admin01)-[\w-]{93}AA\b",  # anthropic-api-key
-    r"\bAIza[\w-]{35}(?![\w-])",  # gcp-api-key
-    r"\b(?:sk|rk)_(?:test|live|prod)_[0-9A-Za-z]{10,99}\b",  # stripe-access-token
-    r"\bwhsec_[0-9A-Za-z]{32,}\b",  # Stripe webhook signing secret
-    r"\bhf_[A-Za-z]{34}\b",  # huggingface-access-token
-    r"\bapi_org_[A-Za-z]{34}\b",  # huggingface-organization-api-token
-    r"\bshp(?:at|ss|ca|pa)_[0-9A-Fa-f]{32}\b",  # shopify-*-token
-    r"\bhvs\.[\w-]{90,120}(?![\w-])",  # vault-service-token
-    r"\bhvb\.[\w-]{138,300}(?![\w-])",  # vault-batch-token
-    r"(?<![\w.])s\.[A-Za-z0-9]{24}(?![\w.])",  # vault-service-token (legacy; filtered)
-    r"\bxox[baprse]-[0-9A-Za-z-]{10,}",  # slack-*-token
-    r"\bnpm_[A-Za-z0-9]{36}\b",  # npm-access-token
-    r"\b(?:A3T[A-Z0-9]|AKIA|ASIA|ABIA|ACCA)[A-Z2-7]{16}\b",  # aws-access-token
-    r"\bSG\.[\w-]{22}\.[\w-]{43}\b",  # sendgrid-api-token
-    r"\bdop_v1_[a-f0-9]{64}\b",  # digitalocean-pat
-    r"\bdapi[a-f0-9]{32}(?:-\d)?\b",  # databricks-api-token
-    r"\bpypi-AgEIcHlwaS5vcmc[\w-]{50,}",  # pypi-upload-token
-    r"\bSK[0-9a-fA-F]{32}\b",  # twilio-api-key
-    r"\bdp\.pt\.[a-z0-9]{43}\b",  # doppler-api-token
-    r"\blin_api_[a-z0-9]{40}\b",  # linear-api-key
-    r"\bPMAK-[a-f0-9]{24}-[a-f0-9]{34}\b",  # postman-api-token
-    r"\bAGE-SECRET-KEY-1[02-9AC-HJ-NP-Z]{58}\b",  # age-secret-key
-    r"\beyJ[\w-]{8,}\.eyJ[\w-]{8,}\.[\w-]{16,}",  # jwt
-)]
+PROVIDER_PATTERNS = [
+    re.compile(p)
+    for p in (
+        r"\bgithub_pat_\w{82}\b",  # github-fine-grained-pat
+        r"\bgh[pousr]_[0-9A-Za-z]{36}\b",  # github-pat, github-oauth, github-app-token
+        r"\bglpat-[\w-]{20}\b",  # gitlab-pat
+        r"\bsk-(?:proj|svcacct|admin)-[\w-]{40,}T3BlbkFJ[\w-]{40,}",  # openai-api-key
+        r"\bsk-[A-Za-z0-9]{20}T3BlbkFJ[A-Za-z0-9]{20}\b",  # openai-api-key (legacy)
+        r"\bsk-ant-(?:api03|admin01)-[\w-]{93}AA\b",  # anthropic-api-key
+        r"\bAIza[\w-]{35}(?![\w-])",  # gcp-api-key
+        r"\b(?:sk|rk)_(?:test|live|prod)_[0-9A-Za-z]{10,99}\b",  # stripe-access-token
+        r"\bwhsec_[0-9A-Za-z]{32,}\b",  # Stripe webhook signing secret
+        r"\bhf_[A-Za-z]{34}\b",  # huggingface-access-token
+        r"\bapi_org_[A-Za-z]{34}\b",  # huggingface-organization-api-token
+        r"\bshp(?:at|ss|ca|pa)_[0-9A-Fa-f]{32}\b",  # shopify-*-token
+        r"\bhvs\.[\w-]{90,120}(?![\w-])",  # vault-service-token
+        r"\bhvb\.[\w-]{138,300}(?![\w-])",  # vault-batch-token
+        r"(?<![\w.])s\.[A-Za-z0-9]{24}(?![\w.])",  # vault-service-token (legacy; filtered)
+        r"\bxox[baprse]-[0-9A-Za-z-]{10,}",  # slack-*-token
+        r"\bnpm_[A-Za-z0-9]{36}\b",  # npm-access-token
+        r"\b(?:A3T[A-Z0-9]|AKIA|ASIA|ABIA|ACCA)[A-Z2-7]{16}\b",  # aws-access-token
+        r"\bSG\.[\w-]{22}\.[\w-]{43}\b",  # sendgrid-api-token
+        r"\bdop_v1_[a-f0-9]{64}\b",  # digitalocean-pat
+        r"\bdapi[a-f0-9]{32}(?:-\d)?\b",  # databricks-api-token
+        r"\bpypi-AgEIcHlwaS5vcmc[\w-]{50,}",  # pypi-upload-token
+        r"\bSK[0-9a-fA-F]{32}\b",  # twilio-api-key
+        r"\bdp\.pt\.[a-z0-9]{43}\b",  # doppler-api-token
+        r"\blin_api_[a-z0-9]{40}\b",  # linear-api-key
+        r"\bPMAK-[a-f0-9]{24}-[a-f0-9]{34}\b",  # postman-api-token
+        r"\bAGE-SECRET-KEY-1[02-9AC-HJ-NP-Z]{58}\b",  # age-secret-key
+        r"\beyJ[\w-]{8,}\.eyJ[\w-]{8,}\.[\w-]{16,}",  # jwt
+    )
+]
 # Literal prefixes of the formats above: a text without any skips them all.
-PROVIDER_HINTS = ("github_pat_", "gh", "glpat-", "sk-", "AIza", "_test_", "_live_", "_prod_",
-                  "whsec_", "hf_", "api_org_", "shp", "hvs.", "hvb.", "s.", "xox", "npm_",
-                  "A3T", "AKIA", "ASIA", "ABIA", "ACCA", "SG.", "dop_v1_", "dapi", "pypi-",
-                  "SK", "dp.pt.", "lin_api_", "PMAK-", "AGE-SECRET-KEY-1", "eyJ")
+PROVIDER_HINTS = (
+    "github_pat_",
+    "gh",
+    "glpat-",
+    "sk-",
+    "AIza",
+    "_test_",
+    "_live_",
+    "_prod_",
+    "whsec_",
+    "hf_",
+    "api_org_",
+    "shp",
+    "hvs.",
+    "hvb.",
+    "s.",
+    "xox",
+    "npm_",
+    "A3T",
+    "AKIA",
+    "ASIA",
+    "ABIA",
+    "ACCA",
+    "SG.",
+    "dop_v1_",
+    "dapi",
+    "pypi-",
+    "SK",
+    "dp.pt.",
+    "lin_api_",
+    "PMAK-",
+    "AGE-SECRET-KEY-1",
+    "eyJ",
+)
 # jwt.io's example token (HS256, "John Doe", iat 1516239022), in countless tutorials.
 EXAMPLE_JWT_SIGNATURES = ("SflKxwRJSMeKKF2QT4fwpMeJf36POk6yJV_adQssw5c",)
 EXAMPLE_JWT_PAYLOAD = "eyJzdWIiOiIxMjM0NTY3ODkwIiwibmFtZSI6IkpvaG4gRG9lIiwiaWF0IjoxNTE2MjM5MDIyfQ"
@@ -66,31 +99,205 @@ EXAMPLE_JWT_PAYLOAD = "eyJzdWIiOiIxMjM0NTY3ODkwIiwibmFtZSI6IkpvaG4gRG9lIiwiaWF0I
 # -- names -------------------------------------------------------------------------------
 _PARTS = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+")
 PASSWORD_PARTS = frozenset({"password", "passwd", "passphrase", "pwd", "pass", "pw", "passw"})
-SECRET_PARTS = frozenset({"token", "secret", "apikey", "credential", "credentials", "cred",
-                          "creds", "auth", "authtoken", "accesstoken", "secretkey", "privatekey",
-                          "sas", "signature", "sig"})
-KEY_QUALIFIERS = frozenset({"api", "secret", "access", "private", "app", "master", "signing",
-                            "encryption", "client", "account", "license", "subscription",
-                            "service", "admin", "consumer", "shared", "deploy", "x", "session",
-                            "jwt", "hmac", "crypto", "cipher", "storage", "maps", "google"})
+SECRET_PARTS = frozenset(
+    {
+        "token",
+        "secret",
+        "apikey",
+        "credential",
+        "credentials",
+        "cred",
+        "creds",
+        "auth",
+        "authtoken",
+        "accesstoken",
+        "secretkey",
+        "privatekey",
+        "sas",
+        "signature",
+        "sig",
+    }
+)
+KEY_QUALIFIERS = frozenset(
+    {
+        "api",
+        "secret",
+        "access",
+        "private",
+        "app",
+        "master",
+        "signing",
+        "encryption",
+        "client",
+        "account",
+        "license",
+        "subscription",
+        "service",
+        "admin",
+        "consumer",
+        "shared",
+        "deploy",
+        "x",
+        "session",
+        "jwt",
+        "hmac",
+        "crypto",
+        "cipher",
+        "storage",
+        "maps",
+        "google",
+    }
+)
 # Parts that make a name describe a secret rather than hold one (a path, a length, a type).
-META_PARTS = frozenset({
-    "file", "files", "path", "dir", "url", "uri", "endpoint", "name", "names", "type", "env",
-    "var", "field", "length", "len", "count", "max", "min", "id", "ids", "prefix", "header",
-    "label", "format", "pattern", "re", "regex", "rx", "validator", "valid", "hint", "policy",
-    "expiry", "expires", "expiration", "expire", "ttl", "timeout", "lifetime", "limit",
-    "size", "kind", "mode", "hash", "hashed", "digest", "sha", "checksum", "confirmation",
-    "confirm", "reset", "placeholder", "input", "prompt", "template", "message", "msg",
-    "error", "required", "column", "next", "page", "cursor", "pagination", "continuation",
-    "marker", "sync", "schema", "algorithm", "alg", "bits", "version", "public", "pub",
-    "stdin", "command", "cmd", "provider", "manager", "vault", "location", "ref",
-    "reference", "source", "strength", "rule", "rules", "old", "new", "change", "forgot",
-    "retype", "repeat", "help", "text", "cache", "method", "methods", "scheme", "handler", "class",
-    "style", "icon", "button", "link", "view", "form", "widget", "reader", "parser",
-    "generator", "gen", "callback", "fn", "func", "is", "has", "use", "enable",
-    "enabled", "disable", "show", "hide", "allow", "check", "verify", "test", "tests", "mock",
-    "fake", "dummy", "example", "sample", "types", "spec", "state", "status",
-    "tokens", "tokenizer", "usage", "budget", "rate", "window", "num", "index"})
+META_PARTS = frozenset(
+    {
+        "file",
+        "files",
+        "path",
+        "dir",
+        "url",
+        "uri",
+        "endpoint",
+        "name",
+        "names",
+        "type",
+        "env",
+        "var",
+        "field",
+        "length",
+        "len",
+        "count",
+        "max",
+        "min",
+        "id",
+        "ids",
+        "prefix",
+        "header",
+        "label",
+        "format",
+        "pattern",
+        "re",
+        "regex",
+        "rx",
+        "validator",
+        "valid",
+        "hint",
+        "policy",
+        "expiry",
+        "expires",
+        "expiration",
+        "expire",
+        "ttl",
+        "timeout",
+        "lifetime",
+        "limit",
+        "size",
+        "kind",
+        "mode",
+        "hash",
+        "hashed",
+        "digest",
+        "sha",
+        "checksum",
+        "confirmation",
+        "confirm",
+        "reset",
+        "placeholder",
+        "input",
+        "prompt",
+        "template",
+        "message",
+        "msg",
+        "error",
+        "required",
+        "column",
+        "next",
+        "page",
+        "cursor",
+        "pagination",
+        "continuation",
+        "marker",
+        "sync",
+        "schema",
+        "algorithm",
+        "alg",
+        "bits",
+        "version",
+        "public",
+        "pub",
+        "stdin",
+        "command",
+        "cmd",
+        "provider",
+        "manager",
+        "vault",
+        "location",
+        "ref",
+        "reference",
+        "source",
+        "strength",
+        "rule",
+        "rules",
+        "old",
+        "new",
+        "change",
+        "forgot",
+        "retype",
+        "repeat",
+        "help",
+        "text",
+        "cache",
+        "method",
+        "methods",
+        "scheme",
+        "handler",
+        "class",
+        "style",
+        "icon",
+        "button",
+        "link",
+        "view",
+        "form",
+        "widget",
+        "reader",
+        "parser",
+        "generator",
+        "gen",
+        "callback",
+        "fn",
+        "func",
+        "is",
+        "has",
+        "use",
+        "enable",
+        "enabled",
+        "disable",
+        "show",
+        "hide",
+        "allow",
+        "check",
+        "verify",
+        "test",
+        "tests",
+        "mock",
+        "fake",
+        "dummy",
+        "example",
+        "sample",
+        "types",
+        "spec",
+        "state",
+        "status",
+        "tokens",
+        "tokenizer",
+        "usage",
+        "budget",
+        "rate",
+        "window",
+        "num",
+        "index",
+    }
+)
 
 
 def name_kind(name: str) -> str | None:
@@ -114,37 +321,128 @@ def name_kind(name: str) -> str | None:
 
 
 # -- values ------------------------------------------------------------------------------
-DOC_PASSWORDS = frozenset({
-    "changeme", "change_me", "changeit", "password", "passw0rd", "p@ssw0rd", "p@ssword",
-    "hunter2", "secret", "s3cr3t", "mysecretpassword", "mypassword", "yourpassword",
-    "example", "postgres", "root", "toor", "admin", "admin123", "administrator", "test",
-    "test123", "testing", "123456", "1234", "12345", "12345678", "123456789", "qwerty",
-    "letmein", "pass", "pass123", "password1", "password123", "foobar", "foo", "bar", "baz",
-    "xxx", "guest", "default", "demo", "sample", "dummy", "welcome", "abc123", "secret123",
-    "mysql", "oracle", "sa", "user", "username", "pwd", "passwd", "none", "null", "nil",
-    "true", "false", "undefined", "str", "string", "int", "bytes", "bool", "required",
-    "optional", "empty", "blank", "mypass", "mysecret", "supersecret", "topsecret", "redis",
-    "rabbitmq", "guest123", "tiger", "scott", "qwerty123", "iloveyou", "monkey", "dragon",
-    "sekret", "secretpassword", "dbpassword", "db_password", "the_password", "your_password",
-    "new_password", "old_password", "str_password", "getpass", "input", "env", "self",
-})
+DOC_PASSWORDS = frozenset(
+    {
+        "changeme",
+        "change_me",
+        "changeit",
+        "password",
+        "passw0rd",
+        "p@ssw0rd",
+        "p@ssword",
+        "hunter2",
+        "secret",
+        "s3cr3t",
+        "mysecretpassword",
+        "mypassword",
+        "yourpassword",
+        "example",
+        "postgres",
+        "root",
+        "toor",
+        "admin",
+        "admin123",
+        "administrator",
+        "test",
+        "test123",
+        "testing",
+        "123456",
+        "1234",
+        "12345",
+        "12345678",
+        "123456789",
+        "qwerty",
+        "letmein",
+        "pass",
+        "pass123",
+        "password1",
+        "password123",
+        "foobar",
+        "foo",
+        "bar",
+        "baz",
+        "xxx",
+        "guest",
+        "default",
+        "demo",
+        "sample",
+        "dummy",
+        "welcome",
+        "abc123",
+        "secret123",
+        "mysql",
+        "oracle",
+        "sa",
+        "user",
+        "username",
+        "pwd",
+        "passwd",
+        "none",
+        "null",
+        "nil",
+        "true",
+        "false",
+        "undefined",
+        "str",
+        "string",
+        "int",
+        "bytes",
+        "bool",
+        "required",
+        "optional",
+        "empty",
+        "blank",
+        "mypass",
+        "mysecret",
+        "supersecret",
+        "topsecret",
+        "redis",
+        "rabbitmq",
+        "guest123",
+        "tiger",
+        "scott",
+        "qwerty123",
+        "iloveyou",
+        "monkey",
+        "dragon",
+        "sekret",
+        "secretpassword",
+        "dbpassword",
+        "db_password",
+        "the_password",
+        "your_password",
+        "new_password",
+        "old_password",
+        "str_password",
+        "getpass",
+        "input",
+        "env",
+        "self",
+    }
+)
 PLACEHOLDER = re.compile(
     r"(?i)your[-_ ]?|example|dummy|placeholder|change.?me|x{4,}|\*{3,}|sample|fake|insert|"
     r"replace|redacted|todo|xmpl|<[^>]*>|\$\{|\$\(|\{\{|%\(\w*\)s|^%[sd]$|\.\.\.|^\$\w+$|^%\w+%$|"
     r"^\{[\w.]*\}$|"
     r"\benv\b|getenv|environ|process\.env|secrets\.|vault:|^@|^<|^\[|"
-    r"(.)\1{5,}")
+    r"(.)\1{5,}"
+)
 # A regex: a group construct, a class escape, a ranged class, a counted repeat, or
 # both anchors (one anchor alone is a plausible password character).
 REGEX_LIKE = re.compile(r"\(\?[=!:<i]|\\[dwsSWD]|\[[^\]]*-[^\]]*\]|\{\d+,\d*\}|^\^.*\$$")
-PATH_LIKE = re.compile(r"^(?:/|~/|\./|\.\./|[A-Za-z]:\\)|^[a-z0-9_.-]+(?:/[a-z0-9_.-]+)+/?$|"
-                       r"^[\w.-]+\.(?:py|js|json|txt|pem|key|crt|cer|yaml|yml|env|ini|cfg|conf|"
-                       r"toml|xml|p12|pfx|jks|der|gpg|asc|secret|token)$")
-IDENTIFIER = re.compile(r"^(?:[a-z]+(?:_[a-z0-9]+)+|[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+|"
-                        r"[a-z]+(?:[A-Z][a-z]+)*(?:\.[a-z]\w*)*|[a-z]+(?:-[a-z]+)+)$")
+PATH_LIKE = re.compile(
+    r"^(?:/|~/|\./|\.\./|[A-Za-z]:\\)|^[a-z0-9_.-]+(?:/[a-z0-9_.-]+)+/?$|"
+    r"^[\w.-]+\.(?:py|js|json|txt|pem|key|crt|cer|yaml|yml|env|ini|cfg|conf|"
+    r"toml|xml|p12|pfx|jks|der|gpg|asc|secret|token)$"
+)
+IDENTIFIER = re.compile(
+    r"^(?:[a-z]+(?:_[a-z0-9]+)+|[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+|"
+    r"[a-z]+(?:[A-Z][a-z]+)*(?:\.[a-z]\w*)*|[a-z]+(?:-[a-z]+)+)$"
+)
 # Words in CamelCase, dotted or not (LastEvaluatedKey, InvalidationList.NextMarker): a name.
 _WORD = r"(?:[A-Z][a-z]{2,}|[A-Z]{2,5}(?=[A-Z][a-z]|\.|$))"
-CAMEL_WORDS = re.compile(rf"^(?:[a-z]{{2,}}|{_WORD})(?:{_WORD})*(?:\.(?:[a-z]{{2,}}|{_WORD})(?:{_WORD})*)*$")
+_CAMEL = rf"(?:[a-z]{{2,}}|{_WORD})(?:{_WORD})*"
+CAMEL_WORDS = re.compile(rf"^{_CAMEL}(?:\.{_CAMEL})*$")
 _ENTROPY = Base64HighEntropyString()
 
 
@@ -186,8 +484,11 @@ def key_value_ok(value: str, hexbar: float = 3.0, b64bar: float = 4.0) -> bool:
     if IDENTIFIER.match(v) or CAMEL_WORDS.match(v) or not any(c.isalpha() for c in v):
         return False
     letters = [c for c in v if c.isalpha()]
-    if not any(c.isdigit() for c in v) and (v.islower() or v.isupper()) and len(letters) == len(
-            v.replace("-", "").replace("_", "")):
+    if (
+        not any(c.isdigit() for c in v)
+        and (v.islower() or v.isupper())
+        and len(letters) == len(v.replace("-", "").replace("_", ""))
+    ):
         return False  # one-case words (my-ssh-key, users_list): names, not secrets
     hexlike = re.fullmatch(r"[0-9a-fA-F]+", v) is not None
     if hexlike and len(v) < 32:
@@ -200,13 +501,13 @@ def provider_value_ok(value: str) -> bool:
     """Filters for provider-format matches: example keys, jwt.io's token, weak legacy forms."""
     if PLACEHOLDER.search(value) or "EXAMPLE" in value:
         return False
-    if value.startswith("eyJ") and (EXAMPLE_JWT_PAYLOAD in value or any(
-            s in value for s in EXAMPLE_JWT_SIGNATURES)):
+    if value.startswith("eyJ") and (
+        EXAMPLE_JWT_PAYLOAD in value or any(s in value for s in EXAMPLE_JWT_SIGNATURES)
+    ):
         return False
     if value.startswith("s."):  # gitleaks' filter for the legacy Vault form
         body = value[2:]
-        return (shannon_entropy(body) > 3.5 and any(c.isdigit() for c in body)
-                and not body.isalpha())
+        return shannon_entropy(body) > 3.5 and any(c.isdigit() for c in body) and not body.isalpha()
     return True
 
 
@@ -218,12 +519,13 @@ _VALUE = rf"(?:(?:[bru]|new String\(|[\w.]*getenv\([^)]*,\s*)?{_Q}|{_BARE})"
 # connection strings (Password=...;), JDBC/URL queries (&password=...).
 ASSIGN = re.compile(
     r"(?<![\w-])(?P<name>[$@]?[A-Za-z_][\w.-]{0,80}?)[\"'\]]{0,2}\s*"
-    r"(?P<sep>=>|:=|\?\?=|<-|=(?!=)|:(?!:)|->)\s*" + _VALUE, re.M)
+    r"(?P<sep>=>|:=|\?\?=|<-|=(?!=)|:(?!:)|->)\s*" + _VALUE,
+    re.M,
+)
 # "name", "value" pairs: PHP define(), setenv(), .set("password", ...), env["NAME"] = "...".
 # Setters: setPassword("x"), password.set("x"), withApiKey("x").
 SETTER = re.compile(r"(?P<name>[A-Za-z_][\w]{1,60})(?:\.set|\.setValue)?\(\s*" + _Q + r"\s*\)")
-QUOTED_PAIR = re.compile(
-    r"""["'](?P<name>[\w.-]{2,80})["']\s*(?:,|\]\s*=)\s*""" + _Q)
+QUOTED_PAIR = re.compile(r"""["'](?P<name>[\w.-]{2,80})["']\s*(?:,|\]\s*=)\s*""" + _Q)
 # Gradle/Groovy DSL, SQL "PASSWORD 'x'": a name, spaces, then a quoted value.
 DSL = re.compile(r"(?<![\w.-])(?P<name>[A-Za-z_][\w]{1,60})[ \t]+" + _Q)
 # .netrc: machine host login user password value
@@ -231,34 +533,46 @@ NETRC = re.compile(r"\blogin\s+\S+\s+password\s+(?P<bv>\S+)")
 # Command-line flags: --password x, --token=x, -Password x; short -p/-a only for tools
 # where they mean a password (mysql -pX, sshpass -p X, docker login -p X, redis-cli -a X).
 FLAG = re.compile(r"(?<![\w-])--?(?P<name>[A-Za-z][\w-]{1,40})(?:=|[ \t]+)(?![-$])" + _VALUE)
-SHORT_FLAG_TOOLS = re.compile(r"(?i)\b(?:mysql\w*|mariadb|sshpass|docker|podman|redis-cli|"
-                              r"mongo\w*|htpasswd|smbclient|sqlcmd|ftp|lftp|curl|wget)\b")
+SHORT_FLAG_TOOLS = re.compile(
+    r"(?i)\b(?:mysql\w*|mariadb|sshpass|docker|podman|redis-cli|"
+    r"mongo\w*|htpasswd|smbclient|sqlcmd|ftp|lftp|curl|wget)\b"
+)
 SHORT_FLAG = re.compile(r"(?<![\w-])-(?P<flag>[pPa])[ \t]*" + _VALUE)
 # HTTP auth schemes; Authorization's value is the scheme's credential.
-AUTH_SCHEME = re.compile(r"(?i)\b(?P<scheme>Bearer|Token|Basic|Bot|SSWS|Digest|ApiKey|Key)[ \t]+"
-                         r"(?P<bv>[A-Za-z0-9._~+/=-]{16,})")
+AUTH_SCHEME = re.compile(
+    r"(?i)\b(?P<scheme>Bearer|Token|Basic|Bot|SSWS|Digest|ApiKey|Key)[ \t]+"
+    r"(?P<bv>[A-Za-z0-9._~+/=-]{16,})"
+)
 # Positional passwords of CLI tools: htpasswd -b file user PASSWORD, chpasswd "user:PW".
 CLI_POSITIONAL = re.compile(r"\bhtpasswd\s+-\w*b\w*\s+(?:-\w+\s+)*\S+\s+\S+\s+(?P<bv>\S+)")
 # Query strings: ?access_token=x&...
 QUERY = re.compile(r"[?&;](?P<name>[\w.-]{1,40})=(?P<bv>[^&\s\"'<>)`]{8,})")
 QUERY_KEY_NAMES = frozenset({"key", "sig", "code", "k"})
 # URL userinfo, with or without a user: scheme://user:pass@host, redis://:pass@host.
-USERINFO = re.compile(r"\b[a-z][\w+.-]{1,20}://(?P<u>[^:/?#@\s\"']*):(?P<bv>[^\s/\"']{1,128})@"
-                      r"(?=[\w\[])")
+USERINFO = re.compile(
+    r"\b[a-z][\w+.-]{1,20}://(?P<u>[^:/?#@\s\"']*):(?P<bv>[^\s/\"']{1,128})@"
+    r"(?=[\w\[])"
+)
 GO_DSN = re.compile(r"(?<![\w/])[\w.-]+:(?P<bv>[^@\s:/\"']{1,128})@(?:tcp|unix)\(")
-IDENTIFIED_BY = re.compile(r"(?i)\bidentified\s+(?:with\s+\w+\s+)?by\s+(?:password\s+)?"
-                           r"(?:" + _Q + r"|(?P<bv>[^\s;'\"]+))")
+IDENTIFIED_BY = re.compile(
+    r"(?i)\bidentified\s+(?:with\s+\w+\s+)?by\s+(?:password\s+)?"
+    r"(?:" + _Q + r"|(?P<bv>[^\s;'\"]+))"
+)
 XML_ELEMENT = re.compile(r"<(?P<name>[\w:.-]{2,60})>(?P<bv>[^<>\s]{3,1024})</(?P=name)>")
-XML_KEYVALUE = re.compile(r"""\b(?:key|name)\s*=\s*["'](?P<name>[^"']{2,80})["']\s+"""
-                          r"""value\s*=\s*["'](?P<bv>[^"']{1,1024})["']""")
+XML_KEYVALUE = re.compile(
+    r"""\b(?:key|name)\s*=\s*["'](?P<name>[^"']{2,80})["']\s+"""
+    r"""value\s*=\s*["'](?P<bv>[^"']{1,1024})["']"""
+)
 # Calls that take credentials positionally; name -> index of the password argument
 # (2-argument calls: the second; longer ones: the third: host/url/dsn, user, password).
-LOGIN_CALL = re.compile(r"(?i)(?:\b|_)(?P<fn>login|logon|signin|sign_in|auth|authenticate|"
-                        r"basicauth|httpbasicauth|httpdigestauth|plainauth|credentials?|"
-                        r"networkcredential|bind|bind_s|simple_bind|simple_bind_s|connect|"
-                        r"mysqli_connect|mysql_connect|pg_connect|getconnection|pdo|"
-                        r"passwordauthentication|usernamepasswordcredentials)\s*\(|"
-                        r"\bauth\s*=\s*\(")
+LOGIN_CALL = re.compile(
+    r"(?i)(?:\b|_)(?P<fn>login|logon|signin|sign_in|auth|authenticate|"
+    r"basicauth|httpbasicauth|httpdigestauth|plainauth|credentials?|"
+    r"networkcredential|bind|bind_s|simple_bind|simple_bind_s|connect|"
+    r"mysqli_connect|mysql_connect|pg_connect|getconnection|pdo|"
+    r"passwordauthentication|usernamepasswordcredentials)\s*\(|"
+    r"\bauth\s*=\s*\("
+)
 _STR = re.compile(r"""\s*(?:[bru]?(["'])((?:(?!\1).){0,256})\1|([^,()"']*))\s*""")
 
 
@@ -277,11 +591,11 @@ def _value(m: re.Match[str], query: bool = False) -> tuple[str, int, int, bool] 
     if gd.get("bv") is None:
         return None
     v, start = m.group("bv"), m.start("bv")
-    before = m.string[max(0, m.start() - 1):m.start()]
+    before = m.string[max(0, m.start() - 1) : m.start()]
     cut = [v.find(";")] + ([v.find("&")] if query or before in ("?", "&") else [])
     cut = [c for c in cut if c >= 0]
     if cut:
-        v = v[:min(cut)]
+        v = v[: min(cut)]
     v = v.rstrip(",);:")
     if not v or _CALL_LIKE.match(v):
         return None
@@ -343,8 +657,9 @@ def _line_secrets(text: str, s: int, e: int) -> Iterator[Hit]:
         v, scheme = m.group("bv"), m.group("scheme").lower()
         if scheme != "bearer" and not authish:
             continue  # "token abc..." in prose; Authorization: Token abc... is a header
-        if key_value_ok(v) or (scheme == "basic" and len(v) >= 12 and not
-                               is_reference_or_placeholder(v)):
+        if key_value_ok(v) or (
+            scheme == "basic" and len(v) >= 12 and not is_reference_or_placeholder(v)
+        ):
             yield "key", m.start("bv"), m.end("bv"), v
     for m in QUERY.finditer(text, s, e):
         name = m.group("name")
@@ -353,8 +668,9 @@ def _line_secrets(text: str, s: int, e: int) -> Iterator[Hit]:
     for m in LOGIN_CALL.finditer(text, s, e):
         close = text.find(")", m.end(), e)
         args = _args(text, m.end(), e if close < 0 else close + 1)
-        positional = [a for a in args if "=" not in text[a[1] - 1:a[1]] and not (
-            not a[3] and "=" in a[0])]
+        positional = [
+            a for a in args if "=" not in text[a[1] - 1 : a[1]] and not (not a[3] and "=" in a[0])
+        ]
         if len(positional) < 2 or (len(positional) != len(args) and len(positional) < 3):
             continue
         pw = positional[1] if len(positional) == 2 else positional[2]
@@ -377,13 +693,15 @@ def _overlapping(rx: re.Pattern[str], text: str, s: int, e: int) -> Iterator[re.
 
 def _dsl_ok(text: str, line_start: int, m: re.Match[str]) -> bool:
     """DSL form only at the start of a statement: ``storePassword 'x'``, ``PASSWORD 'x'``."""
-    before = text[line_start:m.start()].rstrip()
-    return not before or before.endswith(("{", ";", "WITH", "LOGIN", "with", "login")) or (
-        before.upper().endswith(("LOGIN", "WITH")))
+    before = text[line_start : m.start()].rstrip()
+    return (
+        not before
+        or before.endswith(("{", ";", "WITH", "LOGIN", "with", "login"))
+        or (before.upper().endswith(("LOGIN", "WITH")))
+    )
 
 
-def _judge(kind: str | None, val: tuple[str, int, int, bool] | None, name: str
-           ) -> Iterator[Hit]:
+def _judge(kind: str | None, val: tuple[str, int, int, bool] | None, name: str) -> Iterator[Hit]:
     if kind is None or val is None:
         return
     v, start, end, _quoted = val

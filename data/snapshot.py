@@ -34,6 +34,10 @@ DROP_SCHEMA = pa.schema([
     ("shard", pa.int32()), ("index", pa.int64()), ("repo", pa.string()), ("path", pa.string()),
     ("stage", pa.string()), ("reason", pa.string()), ("size", pa.int64()), ("detail", pa.string()),
 ])
+OPTOUT_SCHEMA = pa.schema([
+    ("shard", pa.int32()), ("index", pa.int64()), ("repo", pa.string()), ("path", pa.string()),
+    ("sha256", pa.string()), ("signature", pa.binary()),
+])
 PII_LOG_SCHEMA = pa.schema([
     ("repo", pa.string()), ("path", pa.string()), ("type", pa.string()), ("start", pa.int64()),
     ("end", pa.int64()), ("value_hmac", pa.string()),
@@ -52,6 +56,16 @@ def kept_row(r: FileRecord) -> dict[str, Any]:
             "sha256": r.sha256, "pii": json.dumps(r.pii_counts, sort_keys=True),
             "content": r.content,
             "signature": r.signature.tobytes() if r.signature is not None else b""}
+
+
+def optout_row(r: FileRecord, hasher: Any) -> dict[str, Any]:
+    """Hash and MinHash signature of an opted-out file (no content: it is not published)."""
+    import hashlib
+
+    sigs, has = hasher.signatures([r.content])
+    return {"shard": r.shard, "index": r.index, "repo": r.repo, "path": r.path,
+            "sha256": hashlib.sha256(r.content.encode("utf-8", "surrogatepass")).hexdigest(),
+            "signature": sigs[0].tobytes() if has[0] else b""}
 
 
 def drop_row(r: FileRecord, detail: str = "") -> dict[str, Any]:

@@ -52,8 +52,13 @@ def test_gigabyte_bomb_stopped_within_memory_bound(tmp_path: Path) -> None:
     bomb = tmp_path / "bomb.tar.gz"
     _gzip_bomb(bomb, GIB)
     assert bomb.stat().st_size < 8 << 20  # a few MB on disk, 1 GiB expanded
-    out = subprocess.run([sys.executable, "-c", BOMB_CHILD, str(bomb)], capture_output=True,
-                         text=True, check=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", BOMB_CHILD, str(bomb)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    )
     res = json.loads(out.stdout)
     print(res)
     assert res["reasons"].get("compression_ratio_exceeded") == 1
@@ -76,8 +81,10 @@ def test_zip_member_over_ratio_is_dropped_unread(tmp_path: Path) -> None:
 def test_invalid_utf8_dropped_with_reason_unless_detection_confident() -> None:
     broken = "caf\u00e9 na\u00efve r\u00e9sum\u00e9\n".encode() * 20 + b"\xff\xfe bad \x80\n"
     assert decode_bytes(broken) is None
-    latin = ("Gr\u00fc\u00dfe aus K\u00f6ln, sch\u00f6ne Gr\u00fc\u00dfe und viele "
-             "\u00c4pfel f\u00fcr die Stra\u00dfe.\n" * 20).encode("cp1252")
+    latin = (
+        "Gr\u00fc\u00dfe aus K\u00f6ln, sch\u00f6ne Gr\u00fc\u00dfe und viele "
+        "\u00c4pfel f\u00fcr die Stra\u00dfe.\n" * 20
+    ).encode("cp1252")
     text, enc = decode_bytes(latin)
     assert "Stra\u00dfe" in text and enc != "utf-8"
 

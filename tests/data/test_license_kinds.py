@@ -21,8 +21,10 @@ def _classify(files: dict[str, str], **cfg: object) -> dict[str, FileRecord]:
     return {r.path: r for r in out}
 
 
-@pytest.mark.parametrize("name", ["LGPL-2.1", "LGPL-3.0", "GPL-2.0", "GPL-3.0", "AGPL-3.0",
-                                  "EPL-1.0", "EPL-2.0", "MPL-2.0"])
+@pytest.mark.parametrize(
+    "name",
+    ["LGPL-2.1", "LGPL-3.0", "GPL-2.0", "GPL-3.0", "AGPL-3.0", "EPL-1.0", "EPL-2.0", "MPL-2.0"],
+)
 def test_copyleft_texts_recognised(name: str) -> None:
     ids = identify_text(TEXTS[name])
     assert ids and ids[0].startswith(name), ids
@@ -49,22 +51,28 @@ def test_concatenated_licenses_split_and_each_scored() -> None:
 
 
 def test_mpl_notice_file_recognised() -> None:
-    note = ("This Source Code Form is subject to the terms of the Mozilla Public\n"
-            "License, v. 2.0. If a copy of the MPL was not distributed with this\n"
-            "file, You can obtain one at https://mozilla.org/MPL/2.0/.\n")
+    note = (
+        "This Source Code Form is subject to the terms of the Mozilla Public\n"
+        "License, v. 2.0. If a copy of the MPL was not distributed with this\n"
+        "file, You can obtain one at https://mozilla.org/MPL/2.0/.\n"
+    )
     assert identify_text(note) == ("MPL-2.0",)
 
 
 def test_bsd3_with_several_copyright_lines() -> None:
     text = TEXTS["BSD-3-Clause"].replace(
-        "Copyright (c) <year> <owner>.", "Copyright (c) 2001 A. One\nCopyright (c) 2009 B. Two\n"
-        "Copyright (c) 2015-2024 The C Project Developers\nAll rights reserved.")
+        "Copyright (c) <year> <owner>.",
+        "Copyright (c) 2001 A. One\nCopyright (c) 2009 B. Two\n"
+        "Copyright (c) 2015-2024 The C Project Developers\nAll rights reserved.",
+    )
     assert identify_text(text) == ("BSD-3-Clause",)
 
 
 def test_license_looking_file_matching_nothing_is_unidentified_and_excluded() -> None:
-    odd = ("THE FROBNICATOR LICENSE\n\nYou may frobnicate this software on Tuesdays only,\n"
-           "provided that you send the authors a postcard.\n")
+    odd = (
+        "THE FROBNICATOR LICENSE\n\nYou may frobnicate this software on Tuesdays only,\n"
+        "provided that you send the authors a postcard.\n"
+    )
     by = _classify({"LICENSE": odd, "main.py": "print(1)\n"})
     assert by["main.py"].license_type == "unidentified_license"
     assert by["main.py"].drop_reason == "unidentified_license"

@@ -14,8 +14,13 @@ from pii_eval_gen import FAMILIES, HARD_NEGATIVES, cases
 from data.pii import evaluate
 
 KINDS = frozenset({"email", "ip", "key", "password"})
-GOALS = {"email": (0.95, 0.98), "ip": (0.95, 0.98), "key": (0.95, 0.95),
-         "password": (0.90, 0.90), "overall": (0.95, 0.95)}
+GOALS = {
+    "email": (0.95, 0.98),
+    "ip": (0.95, 0.98),
+    "key": (0.95, 0.95),
+    "password": (0.90, 0.90),
+    "overall": (0.95, 0.95),
+}
 
 
 def _score(split: str) -> dict[str, tuple[float, float]]:

@@ -12,6 +12,7 @@ of the value, never the value itself.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import ipaddress
@@ -36,7 +37,6 @@ from data.pii_scan import (
 )
 from data.records import FileRecord, StageStats
 from data.secrets import (
-    PROVIDER_HINTS,
     PROVIDER_PATTERNS,
     find_secrets,
     provider_value_ok,
@@ -210,12 +210,13 @@ class PIIDetector:
         if "-----BEGIN " in text:
             out += [Finding("key", m.start(), m.end(), m.group(0))
                     for m in PRIVATE_KEY_BLOCK.finditer(text)]
-        if any(h in text for h in PROVIDER_HINTS):
-            for rx in PROVIDER_PATTERNS:
-                for m in rx.finditer(text):
-                    if provider_value_ok(m.group(0)):
-                        out.append(Finding("key", m.start(), m.end(), m.group(0)))
         folded: str | None = None
+        for kp in _provider_patterns():
+            if not kp.may_match(text, ""):
+                continue
+            for m in kp.pattern.finditer(text):
+                if provider_value_ok(m.group(0)):
+                    out.append(Finding("key", m.start(), m.end(), m.group(0)))
         for kp in _known_key_patterns():
             if kp.folded and folded is None:
                 folded = _fold(text)
@@ -447,6 +448,12 @@ class PIIStep(Step):
                 record.pii_counts[k] = record.pii_counts.get(k, 0) + 1
                 stats.count(f"redacted:{k}")
         return None
+
+
+@functools.cache
+def _provider_patterns() -> list[KeyPattern]:
+    """The provider formats, each gated on a literal its matches contain (see pii_scan)."""
+    return [analyse_key_pattern(p) for p in PROVIDER_PATTERNS]
 
 
 def redact_text(text: str, lang: str = "", path: str = "", config: PIIConfig | None = None

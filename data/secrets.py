@@ -17,8 +17,10 @@ secrets. Provider formats are the providers' documented ones as collected by git
 
 from __future__ import annotations
 
+import functools
 import math
 import re
+import string
 from collections.abc import Iterator
 
 from detect_secrets.plugins.high_entropy_strings import Base64HighEntropyString
@@ -300,6 +302,7 @@ META_PARTS = frozenset(
 )
 
 
+@functools.lru_cache(maxsize=65536)
 def name_kind(name: str) -> str | None:
     """``password``, ``key`` or None for a variable/key/flag/header name."""
     parts = [p.lower() for p in _PARTS.findall(name)]
@@ -515,24 +518,30 @@ def provider_value_ok(value: str) -> bool:
 _Q = r"""(?P<q>["'`])(?P<qv>[^"'`\n]{1,1024})(?P=q)"""
 _BARE = r"""(?P<bv>[^\s"'`<>\[\]{}|]{1,1024})"""
 _VALUE = rf"(?:(?:[bru]|new String\(|[\w.]*getenv\([^)]*,\s*)?{_Q}|{_BARE})"
-# name [quote/bracket] sep value: env, INI, YAML, export, properties, JSON, code, XML attrs,
-# connection strings (Password=...;), JDBC/URL queries (&password=...).
-ASSIGN = re.compile(
-    r"(?<![\w-])(?P<name>[$@]?[A-Za-z_][\w.-]{0,80}?)[\"'\]]{0,2}\s*"
-    r"(?P<sep>=>|:=|\?\?=|<-|=(?!=)|:(?!:)|->)\s*" + _VALUE,
-    re.M,
-)
-# "name", "value" pairs: PHP define(), setenv(), .set("password", ...), env["NAME"] = "...".
+# The name-bearing syntaxes are matched from the end of a key-like name found by
+# TRIGGER (a literal search on the lowered line), never by scanning every "x = y":
+# name [quote/bracket] sep value: env, INI, YAML, export, properties, JSON, code, XML
+# attributes, connection strings (Password=...;), JDBC/URL queries (&password=...).
+ASSIGN_TAIL = re.compile(r"[\"'\]]{0,2}\s*(?P<sep>=>|:=|\?\?=|<-|=(?!=)|:(?!:)|->)\s*" + _VALUE)
 # Setters: setPassword("x"), password.set("x"), withApiKey("x").
-SETTER = re.compile(r"(?P<name>[A-Za-z_][\w]{1,60})(?:\.set|\.setValue)?\(\s*" + _Q + r"\s*\)")
-QUOTED_PAIR = re.compile(r"""["'](?P<name>[\w.-]{2,80})["']\s*(?:,|\]\s*=)\s*""" + _Q)
+SETTER_TAIL = re.compile(r"(?:\.set|\.setValue)?\(\s*" + _Q + r"\s*\)")
+# "name", "value" pairs: PHP define(), setenv(), .set("password", ...), env["NAME"] = "...".
+PAIR_TAIL = re.compile(r"""["']\s*(?:,|\]\s*=)\s*""" + _Q)
 # Gradle/Groovy DSL, SQL "PASSWORD 'x'": a name, spaces, then a quoted value.
-DSL = re.compile(r"(?<![\w.-])(?P<name>[A-Za-z_][\w]{1,60})[ \t]+" + _Q)
+DSL_TAIL = re.compile(r"[ \t]+" + _Q)
+# Command-line flags: --password x, --token=x, -Password x.
+FLAG_TAIL = re.compile(r"(?:=|[ \t]+)(?![-$])" + _VALUE)
+# <password>x</password>, <apiKey>x</apiKey>
+ELEMENT_TAIL = re.compile(r">(?P<bv>[^<>\s]{3,1024})</")
+# <add key="ApiKey" value="x"/>, <property name="db.password" value="x"/>
+KEYVALUE_TAIL = re.compile(r"""["']\s+value\s*=\s*["'](?P<bv>[^"']{1,1024})["']""")
+KEYVALUE_HEAD = re.compile(r"""\b(?:key|name)\s*=\s*["']$""")
+TRIGGER = re.compile(r"pass|pwd|pw|token|secret|key|cred|auth|sig|sas")
+_NAME_CHARS = frozenset(string.ascii_letters + string.digits + "_.-")
 # .netrc: machine host login user password value
 NETRC = re.compile(r"\blogin\s+\S+\s+password\s+(?P<bv>\S+)")
-# Command-line flags: --password x, --token=x, -Password x; short -p/-a only for tools
-# where they mean a password (mysql -pX, sshpass -p X, docker login -p X, redis-cli -a X).
-FLAG = re.compile(r"(?<![\w-])--?(?P<name>[A-Za-z][\w-]{1,40})(?:=|[ \t]+)(?![-$])" + _VALUE)
+# Short -p/-a flags only for tools where they mean a password (mysql -pX, sshpass -p X,
+# docker login -p X, redis-cli -a X).
 SHORT_FLAG_TOOLS = re.compile(
     r"(?i)\b(?:mysql\w*|mariadb|sshpass|docker|podman|redis-cli|"
     r"mongo\w*|htpasswd|smbclient|sqlcmd|ftp|lftp|curl|wget)\b"
@@ -546,8 +555,8 @@ AUTH_SCHEME = re.compile(
 # Positional passwords of CLI tools: htpasswd -b file user PASSWORD, chpasswd "user:PW".
 CLI_POSITIONAL = re.compile(r"\bhtpasswd\s+-\w*b\w*\s+(?:-\w+\s+)*\S+\s+\S+\s+(?P<bv>\S+)")
 # Query strings: ?access_token=x&...
-QUERY = re.compile(r"[?&;](?P<name>[\w.-]{1,40})=(?P<bv>[^&\s\"'<>)`]{8,})")
-QUERY_KEY_NAMES = frozenset({"key", "sig", "code", "k"})
+QUERY = re.compile(r"[?&](?P<name>[\w.-]{1,40})=(?P<bv>[^&\s\"'<>)`]{8,})")
+QUERY_KEY_NAMES = frozenset({"key", "sig"})
 # URL userinfo, with or without a user: scheme://user:pass@host, redis://:pass@host.
 USERINFO = re.compile(
     r"\b[a-z][\w+.-]{1,20}://(?P<u>[^:/?#@\s\"']*):(?P<bv>[^\s/\"']{1,128})@"
@@ -557,11 +566,6 @@ GO_DSN = re.compile(r"(?<![\w/])[\w.-]+:(?P<bv>[^@\s:/\"']{1,128})@(?:tcp|unix)\
 IDENTIFIED_BY = re.compile(
     r"(?i)\bidentified\s+(?:with\s+\w+\s+)?by\s+(?:password\s+)?"
     r"(?:" + _Q + r"|(?P<bv>[^\s;'\"]+))"
-)
-XML_ELEMENT = re.compile(r"<(?P<name>[\w:.-]{2,60})>(?P<bv>[^<>\s]{3,1024})</(?P=name)>")
-XML_KEYVALUE = re.compile(
-    r"""\b(?:key|name)\s*=\s*["'](?P<name>[^"']{2,80})["']\s+"""
-    r"""value\s*=\s*["'](?P<bv>[^"']{1,1024})["']"""
 )
 # Calls that take credentials positionally; name -> index of the password argument
 # (2-argument calls: the second; longer ones: the third: host/url/dsn, user, password).
@@ -634,37 +638,47 @@ def find_secrets(text: str, lines: list[tuple[int, int]]) -> Iterator[Hit]:
 
 def _line_secrets(text: str, s: int, e: int) -> Iterator[Hit]:
     line = text[s:e]
-    for rx in (ASSIGN, QUOTED_PAIR, SETTER, DSL, XML_ELEMENT, XML_KEYVALUE):
-        for m in _overlapping(rx, text, s, e):
-            name = m.group("name").lstrip("$@")
-            if rx is DSL and not _dsl_ok(text, s, m):
-                continue
-            if rx is ASSIGN and name.lower() == "authorization":
-                continue  # its value is "Scheme credential": AUTH_SCHEME reads it
-            yield from _judge(name_kind(name), _value(m), name)
-    for m in FLAG.finditer(text, s, e):
-        yield from _judge(name_kind(m.group("name")), _value(m), m.group("name"))
-    if SHORT_FLAG_TOOLS.search(line):
+    low = line.lower()
+    yield from _named_secrets(text, s, e, low)
+    if ("-p" in low or "-a" in low) and SHORT_FLAG_TOOLS.search(line):
         for m in SHORT_FLAG.finditer(text, s, e):
-            if m.group("flag") == "a" and "redis" not in line.lower():
+            if m.group("flag") == "a" and "redis" not in low:
                 continue
             yield from _judge("password", _value(m), "")
-    for rx in (USERINFO, GO_DSN, NETRC, IDENTIFIED_BY, CLI_POSITIONAL):
-        for m in rx.finditer(text, s, e):
-            yield from _judge("password", _value(m), "")
-    authish = "auth" in line.lower()
-    for m in AUTH_SCHEME.finditer(text, s, e):
-        v, scheme = m.group("bv"), m.group("scheme").lower()
-        if scheme != "bearer" and not authish:
-            continue  # "token abc..." in prose; Authorization: Token abc... is a header
-        if key_value_ok(v) or (
-            scheme == "basic" and len(v) >= 12 and not is_reference_or_placeholder(v)
-        ):
-            yield "key", m.start("bv"), m.end("bv"), v
-    for m in QUERY.finditer(text, s, e):
-        name = m.group("name")
-        kind = "key" if name.lower() in QUERY_KEY_NAMES else name_kind(name)
-        yield from _judge(kind, _value(m, query=True), name)
+    for rx, needle in (
+        (USERINFO, "://"),
+        (GO_DSN, "@tcp("),
+        (GO_DSN, "@unix("),
+        (NETRC, "login"),
+        (IDENTIFIED_BY, "identified"),
+        (CLI_POSITIONAL, "htpasswd"),
+    ):
+        if needle in low:
+            for m in rx.finditer(text, s, e):
+                yield from _judge("password", _value(m), "")
+    authish = "auth" in low
+    if authish or "bearer" in low:
+        for m in AUTH_SCHEME.finditer(text, s, e):
+            v, scheme = m.group("bv"), m.group("scheme").lower()
+            if scheme != "bearer" and not authish:
+                continue  # "token abc..." in prose; Authorization: Token abc... is a header
+            if key_value_ok(v) or (
+                scheme == "basic" and len(v) >= 12 and not is_reference_or_placeholder(v)
+            ):
+                yield "key", m.start("bv"), m.end("bv"), v
+    if ("?" in line or "&" in line) and "=" in line:
+        for m in QUERY.finditer(text, s, e):
+            name = m.group("name")
+            kind = "key" if name.lower() in QUERY_KEY_NAMES else name_kind(name)
+            yield from _judge(kind, _value(m, query=True), name)
+    if any(w in low for w in LOGIN_WORDS):
+        yield from _login_calls(text, s, e)
+
+
+LOGIN_WORDS = ("login", "logon", "sign", "auth", "credential", "bind", "connect", "pdo")
+
+
+def _login_calls(text: str, s: int, e: int) -> Iterator[Hit]:
     for m in LOGIN_CALL.finditer(text, s, e):
         close = text.find(")", m.end(), e)
         args = _args(text, m.end(), e if close < 0 else close + 1)
@@ -678,22 +692,55 @@ def _line_secrets(text: str, s: int, e: int) -> Iterator[Hit]:
             yield from _judge("password", pw, "")
 
 
-def _overlapping(rx: re.Pattern[str], text: str, s: int, e: int) -> Iterator[re.Match[str]]:
-    """Matches of ``rx``, resuming inside each value (``cs = "...;Password=x;"``)."""
-    pos = s
-    while pos < e:
-        m = rx.search(text, pos, e)
-        if m is None:
-            return
-        yield m
-        gd = m.groupdict()
-        inner = "qv" if gd.get("qv") is not None else ("bv" if gd.get("bv") is not None else "")
-        pos = max(m.start(inner) if inner else m.end(), pos + 1)
+def _named_secrets(text: str, s: int, e: int, low: str) -> Iterator[Hit]:
+    """Values of key-like names: each TRIGGER hit is widened to its name, then the
+    syntaxes that can follow a name are tried at its end (``re.match``, no scan)."""
+    seen: set[int] = set()
+    for t in TRIGGER.finditer(low):
+        a, b = s + t.start(), s + t.end()
+        while a > s and text[a - 1] in _NAME_CHARS:
+            a -= 1
+        while b < e and text[b] in _NAME_CHARS:
+            b += 1
+        if b in seen:
+            continue
+        seen.add(b)
+        while a < b and text[a] in "-.":
+            a += 1  # --password: the dashes mark a flag, not the name
+        name = text[a:b]
+        kind = name_kind(name)
+        if kind is None:
+            continue
+        before = text[a - 1] if a > s else ""
+        if before == "-":
+            yield from _judge(kind, _value_at(FLAG_TAIL, text, b, e), name)
+            continue
+        if name.lower() != "authorization":  # "Scheme credential": AUTH_SCHEME reads it
+            in_query = before in ("?", "&")  # ?api_key=x&page=2: the value ends at "&"
+            yield from _judge(kind, _value_at(ASSIGN_TAIL, text, b, e, in_query), name)
+        yield from _judge(kind, _value_at(SETTER_TAIL, text, b, e), name)
+        if before in "\"'":
+            yield from _judge(kind, _value_at(PAIR_TAIL, text, b, e), name)
+            if KEYVALUE_HEAD.search(text, max(s, a - 12), a):
+                yield from _judge(kind, _value_at(KEYVALUE_TAIL, text, b, e), name)
+        elif before == "<":
+            m = ELEMENT_TAIL.match(text, b, e)
+            if m and text.startswith(name + ">", m.end()):
+                yield from _judge(kind, _value(m), name)
+        if _dsl_ok(text, s, a):
+            yield from _judge(kind, _value_at(DSL_TAIL, text, b, e), name)
 
 
-def _dsl_ok(text: str, line_start: int, m: re.Match[str]) -> bool:
+def _value_at(
+    rx: re.Pattern[str], text: str, pos: int, end: int, query: bool = False
+) -> tuple[str, int, int, bool] | None:
+    m = rx.match(text, pos, end)
+    return _value(m, query) if m else None
+
+
+def _dsl_ok(text: str, line_start: int, start: int) -> bool:
     """DSL form only at the start of a statement: ``storePassword 'x'``, ``PASSWORD 'x'``."""
-    before = text[line_start : m.start()].rstrip()
+    before = text[line_start:start].rstrip()
     return (
         not before
         or before.endswith(("{", ";", "WITH", "LOGIN", "with", "login"))

@@ -36,7 +36,8 @@ PROVIDER_PATTERNS = [
         r"\bsk-[A-Za-z0-9]{20}T3BlbkFJ[A-Za-z0-9]{20}\b",  # openai-api-key (legacy)
         r"\bsk-ant-(?:api03|admin01)-[\w-]{93}AA\b",  # anthropic-api-key
         r"\bAIza[\w-]{35}(?![\w-])",  # gcp-api-key
-        r"\b(?:sk|rk)_(?:test|live|prod)_[0-9A-Za-z]{10,99}\b",  # stripe-access-token
+        # stripe-access-token, one pattern per prefix so each is gated on its own literal
+    *(rf"\b{p}_{env}_[0-9A-Za-z]{{10,99}}\b" for p in ("sk", "rk") for env in ("test", "live", "prod")),
         r"\bwhsec_[0-9A-Za-z]{32,}\b",  # Stripe webhook signing secret
         r"\bhf_[A-Za-z]{34}\b",  # huggingface-access-token
         r"\bapi_org_[A-Za-z]{34}\b",  # huggingface-organization-api-token

@@ -37,7 +37,11 @@ PROVIDER_PATTERNS = [
         r"\bsk-ant-(?:api03|admin01)-[\w-]{93}AA\b",  # anthropic-api-key
         r"\bAIza[\w-]{35}(?![\w-])",  # gcp-api-key
         # stripe-access-token, one pattern per prefix so each is gated on its own literal
-    *(rf"\b{p}_{env}_[0-9A-Za-z]{{10,99}}\b" for p in ("sk", "rk") for env in ("test", "live", "prod")),
+        *(
+            rf"\b{kind}_{env}_[0-9A-Za-z]{{10,99}}\b"
+            for kind in ("sk", "rk")
+            for env in ("test", "live", "prod")
+        ),
         r"\bwhsec_[0-9A-Za-z]{32,}\b",  # Stripe webhook signing secret
         r"\bhf_[A-Za-z]{34}\b",  # huggingface-access-token
         r"\bapi_org_[A-Za-z]{34}\b",  # huggingface-organization-api-token

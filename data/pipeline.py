@@ -80,20 +80,18 @@ def _mark(path: Path, payload: dict[str, Any]) -> None:
 def pii_secret(cfg: BuildConfig) -> bytes:
     """The build's HMAC key for the PII log, kept beside the output, never inside it.
 
-    ``DATA_PII_SECRET`` (hex) overrides it, so two output folders can be compared byte
-    for byte; otherwise ``<output_dir>/.pii_secrets/<version>.key`` is created once and
-    reused when the build resumes.
+    ``<output_dir>/.pii_secrets/<version>.key`` is created once (from ``DATA_PII_SECRET``,
+    hex, when set, so two output folders can be compared byte for byte; else random) and
+    read by every worker, local or Ray, and by a resumed build.
     """
-    env = os.environ.get("DATA_PII_SECRET", "")
-    if env:
-        return bytes.fromhex(env)
     p = Path(cfg.output_dir) / ".pii_secrets" / f"{cfg.version}.key"
     if not p.exists():
         import secrets
 
+        env = os.environ.get("DATA_PII_SECRET", "")
         p.parent.mkdir(parents=True, exist_ok=True)
         tmp = p.with_name(f"{p.name}.{os.getpid()}.tmp")
-        tmp.write_text(secrets.token_hex(32))
+        tmp.write_text(bytes.fromhex(env).hex() if env else secrets.token_hex(32))
         tmp.chmod(0o600)
         with contextlib.suppress(FileExistsError):
             os.link(tmp, p)  # first writer wins; concurrent workers read its key

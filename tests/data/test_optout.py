@@ -105,3 +105,22 @@ def test_previous_version_is_semantic(tmp_path: Path) -> None:
     assert _previous_version(tmp_path, "v12") == "v11"
     assert _previous_version(tmp_path, "v11") == "v10"
     assert _previous_version(tmp_path, "v10") == "v9"
+
+
+def test_pii_log_keyed_by_a_secret_outside_the_snapshot(tmp_path: Path, monkeypatch) -> None:
+    import hashlib
+    import hmac
+
+    monkeypatch.delenv("DATA_PII_SECRET")
+    repo = tmp_path / "r"
+    make_repo(repo, {"cfg.py": "DB_PASSWORD = 'Maple42!river'\nHOST = '93.184.216.34'\n"})
+    _build(tmp_path, [{"type": "git", "path": str(repo)}], tmp_path / "optout.yaml")
+    out = tmp_path / "out"
+    key = bytes.fromhex((out / ".pii_secrets" / "v1.key").read_text())
+    logged = [r for part in sorted((out / "v1" / "pii_log").glob("*.parquet"))
+              for r in pq.read_table(part).to_pylist()]
+    digests = {r["value_hmac"] for r in logged}
+    for value in ("Maple42!river", "93.184.216.34"):
+        assert hmac.new(key, value.encode(), hashlib.sha256).hexdigest() in digests
+    published = b"".join(p.read_bytes() for p in (out / "v1").rglob("*") if p.is_file())
+    assert key.hex().encode() not in published and key not in published

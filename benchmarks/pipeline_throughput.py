@@ -124,11 +124,19 @@ def main() -> None:
     for key, label in (("per_stage_cpu_s", "CPU"), ("per_stage_s", "wall")):
         print(f"{label} seconds per stage (larger corpus):",
               ", ".join(f"{k}={v:.1f}" for k, v in runs[-1][key].items()))
+    for r in runs:  # the PII stage's share of the stages' CPU time and of the whole build's
+        stage_cpu = sum(r["per_stage_cpu_s"].values())
+        r["pii_share_of_stage_cpu"] = round(r["per_stage_cpu_s"]["pii"] / stage_cpu, 3)
+        r["pii_share_of_build_cpu"] = round(r["per_stage_cpu_s"]["pii"] / r["cpu_total_s"], 3)
+    print("PII share of stage CPU time: " + ", ".join(
+        f"{r['mb_in']:.0f} MB: {r['pii_share_of_stage_cpu']:.1%} (of the whole build's CPU: "
+        f"{r['pii_share_of_build_cpu']:.1%})" for r in runs))
     result = {"mb_per_s_per_core": runs[-1]["mb_per_s_per_core"],
               "mb_per_cpu_s": runs[-1]["mb_per_cpu_s"],
               "per_stage_s": runs[-1]["per_stage_s"],
               "per_stage_cpu_s": runs[-1]["per_stage_cpu_s"],
               "peak_rss_mb": runs[-1]["peak_rss_mb"],
+              "pii_share_of_stage_cpu": runs[-1]["pii_share_of_stage_cpu"],
               "target_mb_per_s_per_core": 2.0, "runs": runs}
     out = Path(__file__).parent / "results" / "pipeline_throughput.json"
     out.parent.mkdir(exist_ok=True)

@@ -1,4 +1,4 @@
-"""Command line: ``python -m data build|diff|optout add|stats`` (also ``jaxcore data ...``)."""
+"""Command line: ``python -m data build|diff|optout add|stats|redact`` (or ``jaxcore data``)."""
 
 from __future__ import annotations
 
@@ -32,12 +32,26 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("--date", default="")
     s = sub.add_parser("stats", help="summary of a finished snapshot")
     s.add_argument("version_dir")
+    r = sub.add_parser("redact", help="redact PII in stdin to stdout (the pipeline's defaults)")
+    r.add_argument("--lang", default=None, help="the file's language (default: $PII_LANG)")
+    r.add_argument("--path", default=None, help="the file's path (default: $PII_PATH)")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the process exit status."""
     args = _parser().parse_args(argv)
+    if args.cmd == "redact":  # before logging/imports: only data.pii is loaded
+        import os
+
+        from data.pii import redact_text
+
+        lang = args.lang if args.lang is not None else os.environ.get("PII_LANG", "")
+        path = args.path if args.path is not None else os.environ.get("PII_PATH", "")
+        text = sys.stdin.buffer.read().decode("utf-8", "surrogateescape")
+        out = redact_text(text, lang=lang, path=path)
+        sys.stdout.buffer.write(out.encode("utf-8", "surrogateescape"))
+        return 0
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     try:
         if args.cmd == "build":

@@ -19,7 +19,7 @@ from data.errors import DataConfigError
 
 MiB = 1 << 20
 
-LICENSE_TYPES = ("permissive", "no_license", "non_permissive")
+LICENSE_TYPES = ("permissive", "no_license", "non_permissive", "unidentified_license")
 PII_TYPES = ("email", "ip", "key", "password", "credit_card", "phone", "name")
 
 
@@ -63,9 +63,13 @@ class IngestConfig:
     """Total decompressed bytes read from one archive before the rest is dropped."""
     max_archive_members: int = 200_000
     """Members read from one archive before the rest is dropped."""
+    max_compression_ratio: float = 200.0
+    """Expanded bytes per compressed byte of an archive (and of a zip member) before the
+    rest is dropped as a decompression bomb; source code compresses 3-20x."""
 
     def __post_init__(self) -> None:
-        for f in ("max_file_bytes", "max_archive_bytes", "max_archive_members"):
+        for f in ("max_file_bytes", "max_archive_bytes", "max_archive_members",
+                  "max_compression_ratio"):
             _require(getattr(self, f) > 0, f"ingest.{f}", "must be positive", "use a value > 0")
 
 
@@ -89,6 +93,9 @@ class LicenseConfig:
     """Minimum askalono match score for a license file to count."""
     extra_permissive: tuple[str, ...] = ()
     """SPDX ids to treat as permissive in addition to Blue Oak and ScanCode's lists."""
+    max_buffer_bytes: int = 64 * MiB
+    """File contents of one repository held in memory while its license files are found;
+    the rest wait in a temporary file (the step streams whatever the repository's size)."""
 
     def __post_init__(self) -> None:
         bad = [k for k in self.keep if k not in LICENSE_TYPES]
@@ -138,8 +145,9 @@ class PIIConfig:
     """PII redaction."""
 
     enabled: bool = True
-    types: tuple[str, ...] = PII_TYPES
-    """Which kinds of PII to redact."""
+    types: tuple[str, ...] = tuple(t for t in PII_TYPES if t != "phone")
+    """Which kinds of PII to redact. Phones are off by default: StarCoder2 did not redact
+    them, and in code nearly all phone-shaped numbers are constants tables."""
     entropy_base64: float = 4.0
     """Shannon-entropy threshold (bits/char) for base64-like secrets in key contexts."""
     entropy_hex: float = 3.0

@@ -12,7 +12,7 @@ import re
 from pathlib import Path
 
 from data.config import DecontamConfig
-from data.records import FileRecord, StepStats
+from data.records import FileRecord, StageStats
 from data.step import Step
 
 _WS = re.compile(r"\s+")
@@ -50,7 +50,7 @@ class DecontamStep(Step):
         # A first-characters prefilter keeps the per-file cost close to one regex scan.
         self._prefix = re.compile("|".join(sorted({re.escape(n[:8]) for n in self.needles})))
 
-    def process(self, record: FileRecord, stats: StepStats) -> str | None:
+    def process(self, record: FileRecord, stats: StageStats) -> str | None:
         if not self.needles:
             return None
         text = normalize(record.content)

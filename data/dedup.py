@@ -21,7 +21,7 @@ from datasketch import LeanMinHash, MinHashLSH
 
 from data.config import DedupConfig
 from data.minhash import MinHasher
-from data.records import FileRecord, StepStats
+from data.records import FileRecord, StageStats
 from data.step import BatchStep
 
 LICENSE_RANK = {"permissive": 0, "no_license": 1, "non_permissive": 2}
@@ -37,7 +37,7 @@ class SignatureStep(BatchStep):
         self.config = config
         self.hasher = MinHasher(config.num_perm, config.shingle_size, config.seed)
 
-    def process_batch(self, records: list[FileRecord], stats: StepStats) -> None:
+    def process_batch(self, records: list[FileRecord], stats: StageStats) -> None:
         for r in records:
             r.sha256 = hashlib.sha256(r.content.encode("utf-8", "surrogatepass")).hexdigest()
         if not self.config.near:
@@ -58,6 +58,8 @@ class DedupItem:
     license_type: str
     stars: int
     commit_date: str
+    opted_out: bool = False
+    """An opted-out file: never kept, but every copy and near copy of it is removed."""
 
 
 class UnionFind:
@@ -118,6 +120,13 @@ def find_duplicates(items: Iterable[DedupItem], config: DedupConfig
             groups.setdefault(it.sha256, []).append(it)
         reps = []
         for members in groups.values():
+            outs = [m for m in members if m.opted_out]
+            if outs:  # a copy of opted-out code stays out, whoever holds it
+                reps.append(outs[0])
+                for m in members:
+                    if not m.opted_out:
+                        removed[m.key] = ("optout_duplicate", outs[0].key)
+                continue
             members.sort(key=order)
             reps.append(members[0])
             if len(members) > 1:
@@ -154,11 +163,20 @@ def find_duplicates(items: Iterable[DedupItem], config: DedupConfig
         if len(members) < 2:
             continue
         counters["near_clusters"] += 1
+        outs = [m for m in members if m.opted_out]
+        if outs:  # a fork or near copy of an opted-out repository's file
+            counters["optout_clusters"] = counters.get("optout_clusters", 0) + 1
+            for m in members:
+                if not m.opted_out:
+                    removed[m.key] = ("optout_near_duplicate", outs[0].key)
+            continue
         members.sort(key=order)
         for m in members[1:]:
             removed[m.key] = ("near_duplicate", members[0].key)
-    # Exact duplicates of a near-duplicate loser point at the cluster's survivor.
+    # Exact duplicates of a near-duplicate loser point at the cluster's survivor (and
+    # share its fate when that cluster held opted-out code).
     for k, (reason, surv) in list(removed.items()):
         if reason == "exact_duplicate" and surv in removed:
-            removed[k] = (reason, removed[surv][1])
+            why = removed[surv][0]
+            removed[k] = (why if why.startswith("optout") else reason, removed[surv][1])
     return removed, counters

@@ -17,7 +17,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 Task = Callable[[dict[str, Any], int], dict[str, Any]]
 
 
-class LocalExecutor:
+class LocalPipelineExecutor:
     """Run shards in ``workers`` processes (inline when 1) with a rich progress bar."""
 
     def __init__(self, workers: int = 0, progress: bool = True) -> None:
@@ -46,7 +46,7 @@ class LocalExecutor:
         return [results[s] for s in shards]
 
 
-class RayExecutor:
+class RayPipelineExecutor:
     """Run shards as a ``ray.data`` dataset of shard ids mapped through the task.
 
     Connects to a running cluster when one is initialised (or ``RAY_ADDRESS`` is set);
@@ -81,6 +81,9 @@ class RayExecutor:
         return [by_shard[s] for s in shards]
 
 
-def make_executor(kind: str, workers: int, progress: bool) -> LocalExecutor | RayExecutor:
+def make_executor(kind: str, workers: int, progress: bool
+                  ) -> LocalPipelineExecutor | RayPipelineExecutor:
     """The executor a config names."""
-    return RayExecutor(workers, progress) if kind == "ray" else LocalExecutor(workers, progress)
+    if kind == "ray":
+        return RayPipelineExecutor(workers, progress)
+    return LocalPipelineExecutor(workers, progress)

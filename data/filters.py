@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from data.config import FilterConfig
-from data.records import FileRecord, StepStats
+from data.records import FileRecord, StageStats
 from data.step import Step
 
 # Runs of encoded data (StarCoder2 section 3.2, "encoded data"): base64, hex bytes, \u escapes.
@@ -75,7 +75,7 @@ class FilterStep(Step):
     def __init__(self, config: FilterConfig) -> None:
         self.config = config
 
-    def process(self, record: FileRecord, stats: StepStats) -> str | None:
+    def process(self, record: FileRecord, stats: StageStats) -> str | None:
         c = self.config
         text = record.content
         lines = text.count("\n") + (0 if text.endswith("\n") or not text else 1)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import posixpath
+import re
 import stat
 import subprocess
 import tarfile
@@ -23,10 +24,11 @@ import charset_normalizer
 
 from data.config import IngestConfig, SourceConfig
 from data.errors import BuildError
-from data.records import FileRecord, StepStats
+from data.records import FileRecord, StageStats
 from data.step import Step, StepRun
 
 Entry = tuple[FileRecord, bytes | None]
+BUDGET_REASONS = ("archive_budget_exceeded", "compression_ratio_exceeded")
 ARCHIVE_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".zip")
 WESTERN = ("cp1252", "latin_1", "iso8859_15", "utf_16", "shift_jis", "gb18030", "euc_kr")
 
@@ -110,8 +112,16 @@ def assign_shards(units: list[RepoUnit], num_shards: int) -> list[list[RepoUnit]
     return [sorted(s) for s in shards]
 
 
+# Well-formed UTF-8 multi-byte sequences: a file holding these and invalid bytes is
+# damaged UTF-8, not text in a legacy code page.
+_UTF8_MULTIBYTE = re.compile(rb"[\xc2-\xdf][\x80-\xbf]|[\xe0-\xef][\x80-\xbf]{2}|"
+                             rb"[\xf0-\xf4][\x80-\xbf]{3}")
+MAX_CHAOS = 0.1
+"""charset-normalizer "chaos" (mess ratio) above which a detection is not trusted."""
+
+
 def decode_bytes(raw: bytes) -> tuple[str, str] | None:
-    """Decode text: UTF-8 first, then charset detection; None when undecodable."""
+    """Decode text: UTF-8 first, then confident charset detection; None otherwise."""
     if raw.startswith(b"\xef\xbb\xbf"):
         try:
             return raw[3:].decode("utf-8"), "utf-8-sig"
@@ -121,9 +131,11 @@ def decode_bytes(raw: bytes) -> tuple[str, str] | None:
         return raw.decode("utf-8"), "utf-8"
     except UnicodeDecodeError:
         pass
-    matches = list(charset_normalizer.from_bytes(raw))
+    if _UTF8_MULTIBYTE.search(raw):
+        return None  # UTF-8 text with broken bytes: any code page would garble it
+    matches = [m for m in charset_normalizer.from_bytes(raw) if m.chaos <= MAX_CHAOS]
     if not matches:
-        return None
+        return None  # no confident detection: dropped rather than kept as mojibake
     # Single-byte code pages are hard to tell apart on short files; among near-equal
     # candidates prefer the Western ones, by far the most common in source code.
     floor = min(m.chaos for m in matches) + 0.05
@@ -152,7 +164,7 @@ class IngestStep(Step):
         self.config = config
 
     def run(self, records: Iterable[RepoUnit], rank: int = 0, world_size: int = 1) -> StepRun:
-        stats = StepStats(self.name)
+        stats = StageStats(self.name)
         index = 0
         import time
 
@@ -185,12 +197,12 @@ class IngestStep(Step):
             return
         decoded = decode_bytes(raw)
         if decoded is None:
-            rec.drop(self.name, "undecodable")
+            rec.drop(self.name, "invalid_utf8")
             return
         rec.content, rec.encoding = decoded
 
     # -- directories -------------------------------------------------------------------
-    def _read_dir(self, unit: RepoUnit, stats: StepStats) -> Iterator[Entry]:
+    def _read_dir(self, unit: RepoUnit, stats: StageStats) -> Iterator[Entry]:
         root = Path(unit.path)
         for dirpath, dirs, files in os.walk(root):
             dirs[:] = sorted(d for d in dirs if d != ".git" and not os.path.islink(
@@ -232,7 +244,7 @@ class IngestStep(Step):
                 yield rec, raw
 
     # -- git ---------------------------------------------------------------------------
-    def _read_git(self, unit: RepoUnit, stats: StepStats) -> Iterator[Entry]:
+    def _read_git(self, unit: RepoUnit, stats: StageStats) -> Iterator[Entry]:
         path = unit.path
         commit, date = git_head(path)
         listing = subprocess.run(["git", "-C", path, "ls-tree", "-r", "-z", "-l", "--full-tree",
@@ -246,12 +258,14 @@ class IngestStep(Step):
             entries.append((name.decode("utf-8", "surrogateescape"), mode.decode(), kind.decode(),
                             sha.decode(), size.decode()))
         entries.sort()
+        authors = git_file_authors(path, commit)
         proc = subprocess.Popen(["git", "-C", path, "cat-file", "--batch"], stdin=subprocess.PIPE,
                                 stdout=subprocess.PIPE)
         assert proc.stdin is not None and proc.stdout is not None
         try:
             for name, mode, kind, sha, size in entries:
-                rec = FileRecord(repo=unit.name, path=name, commit=commit, commit_date=date)
+                rec = FileRecord(repo=unit.name, path=name, commit=commit, commit_date=date,
+                                 authors=authors.get(name, ()))
                 rec.size = int(size) if size.isdigit() else 0
                 if mode == "120000":
                     rec.drop(self.name, "symlink")
@@ -274,10 +288,15 @@ class IngestStep(Step):
             proc.wait()
 
     # -- archives ----------------------------------------------------------------------
-    def _read_archive(self, unit: RepoUnit, stats: StepStats
+    def _read_archive(self, unit: RepoUnit, stats: StageStats
                       ) -> Iterator[Entry]:
         reader = self._read_zip if unit.path.lower().endswith(".zip") else self._read_tar
-        budget = [self.config.max_archive_bytes, self.config.max_archive_members]
+        # Expanded bytes allowed: the byte budget, and the ratio times the archive's size
+        # (with 1 MiB of slack so tiny archives of small files pass).
+        ratio_cap = int(self.config.max_compression_ratio * max(os.path.getsize(unit.path),
+                                                                1 << 20))
+        budget = [min(self.config.max_archive_bytes, ratio_cap), self.config.max_archive_members]
+        self._ratio_bound = ratio_cap < self.config.max_archive_bytes
         try:
             yield from reader(unit, budget)
         except (tarfile.TarError, zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError,
@@ -292,7 +311,7 @@ class IngestStep(Step):
         rec = FileRecord(repo=unit.name, path=name, size=max(size, 0))
         safe = safe_member_path(name)
         if budget[1] <= 0 or budget[0] <= 0:
-            rec.drop(self.name, "archive_budget_exceeded")
+            rec.drop(self.name, self._budget_reason())
             return rec, None
         budget[1] -= 1
         if safe is None:
@@ -304,7 +323,7 @@ class IngestStep(Step):
         elif size > self.config.max_file_bytes:
             rec.drop(self.name, "too_large")
         elif size > budget[0]:
-            rec.drop(self.name, "archive_budget_exceeded")
+            rec.drop(self.name, self._budget_reason())
             budget[0] = 0
         if rec.drop_stage:
             return rec, None
@@ -315,10 +334,15 @@ class IngestStep(Step):
         if len(raw) > limit:
             # The declared size lied (a decompression bomb): stop at the bound.
             rec.drop(self.name, "too_large" if limit == self.config.max_file_bytes
-                     else "archive_budget_exceeded")
+                     else self._budget_reason())
+            budget[0] = min(budget[0], 0) if limit != self.config.max_file_bytes else budget[0]
             return rec, None
         rec.size = len(raw)
         return rec, raw
+
+    def _budget_reason(self) -> str:
+        return ("compression_ratio_exceeded" if getattr(self, "_ratio_bound", False)
+                else "archive_budget_exceeded")
 
     def _read_tar(self, unit: RepoUnit, budget: list[int]) -> Iterator[Entry]:
         with tarfile.open(unit.path, mode="r|*") as tf:
@@ -332,13 +356,19 @@ class IngestStep(Step):
                                    fh.read if fh is not None else (lambda n: b""))
                 if out is not None:
                     yield out
-                if out is not None and out[0].drop_reason == "archive_budget_exceeded":
+                if out is not None and out[0].drop_reason in BUDGET_REASONS:
                     return
 
     def _read_zip(self, unit: RepoUnit, budget: list[int]) -> Iterator[Entry]:
         with zipfile.ZipFile(unit.path) as zf:
             for info in zf.infolist():
                 if info.is_dir():
+                    continue
+                if info.file_size > self.config.max_compression_ratio * max(
+                        info.compress_size, 1 << 16):
+                    rec = FileRecord(repo=unit.name, path=info.filename, size=info.file_size)
+                    rec.drop(self.name, "compression_ratio_exceeded")
+                    yield rec, None
                     continue
                 mode = (info.external_attr >> 16) & 0xFFFF
                 fmt = stat.S_IFMT(mode)  # 0 when the archiver stored no file type
@@ -358,8 +388,23 @@ class IngestStep(Step):
                         fh.close()
                 if out is not None:
                     yield out
-                if out is not None and out[0].drop_reason == "archive_budget_exceeded":
+                if out is not None and out[0].drop_reason in BUDGET_REASONS:
                     return
+
+
+def git_file_authors(path: str, commit: str) -> dict[str, tuple[str, ...]]:
+    """``Name <email>`` of every author who committed to each file, from one ``git log``."""
+    out = subprocess.run(["git", "-C", path, "-c", "core.quotePath=false", "log",
+                          "--no-renames", "--format=%x01%an <%ae>", "--name-only", commit],
+                         capture_output=True, check=False).stdout.decode("utf-8",
+                                                                        "surrogateescape")
+    found: dict[str, set[str]] = {}
+    for block in out.split("\x01")[1:]:
+        who, *files = block.split("\n")
+        for f in files:
+            if f:
+                found.setdefault(f, set()).add(who)
+    return {f: tuple(sorted(a)) for f, a in found.items()}
 
 
 def git_head(path: str) -> tuple[str, str]:

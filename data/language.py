@@ -21,7 +21,7 @@ from identify import interpreters as id_interp
 from pygments.lexers._mapping import LEXERS
 
 from data.config import LanguageConfig
-from data.records import FileRecord, StepStats
+from data.records import FileRecord, StageStats
 from data.step import Step
 
 # Pygments name -> linguist name, where they differ (linguist's languages.yml spelling).
@@ -326,7 +326,7 @@ class LanguageStep(Step):
     def __init__(self, config: LanguageConfig) -> None:
         self.config = config
 
-    def process(self, record: FileRecord, stats: StepStats) -> str | None:
+    def process(self, record: FileRecord, stats: StageStats) -> str | None:
         record.language, strategy = detect_language(record.path, record.content)
         stats.count(f"strategy:{strategy}")
         record.vendored = is_vendored(record.path)

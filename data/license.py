@@ -12,18 +12,20 @@ LicenseDB index shipped with ``license-expression``).
 from __future__ import annotations
 
 import functools
-import hashlib
 import json
+import os
 import posixpath
 import re
+import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import IO
 
-import askalono
 import license_expression
 
 from data.config import LicenseConfig
-from data.records import FileRecord, StepStats
+from data.license_text import LicenseMatch, identify_parts
+from data.records import FileRecord, StageStats
 from data.step import StepRun
 
 LICENSE_FILE = re.compile(
@@ -31,13 +33,15 @@ LICENSE_FILE = re.compile(
     r"^notice(\.\w+)?$|^mit-license(\.\w+)?$", re.I)
 README_FILE = re.compile(r"^readme(\.\w+)?$", re.I)
 SPDX_LINE = re.compile(r"SPDX-License-Identifier:\s*([^\n*#]+?)\s*(?:\*/|-->|#}|$)", re.M)
-_SEPARATOR = re.compile(r"^\s*(?:-{3,}|={3,}|\*{3,}|_{3,}|#{3,})\s*$", re.M)
 _README_SECTION = re.compile(r"^(#+\s*|)licen[cs]e\s*:?\s*$\n(?:[-=]+\s*\n)?([\s\S]{0,3000})",
                              re.M | re.I)
 
 PERMISSIVE = "permissive"
 NO_LICENSE = "no_license"
 NON_PERMISSIVE = "non_permissive"
+UNIDENTIFIED = "unidentified_license"
+"""A LICENSE/COPYING file whose text matches no known license: excluded by default,
+since keeping it as ``no_license`` would let unrecognised copyleft texts through."""
 
 
 @functools.cache
@@ -104,60 +108,18 @@ def classify_expression(expression: str, extra: Iterable[str] = ()) -> str:
     return PERMISSIVE if ok(parsed) else NON_PERMISSIVE
 
 
-@functools.lru_cache(maxsize=4096)
-def _identify_cached(digest: str, text: str) -> tuple[str, float]:
-    res = askalono.identify(text)
-    name = res.name
-    # askalono ranks Pixar (Apache-2.0 with a changed trademark clause) above Apache-2.0
-    # when an Apache text lacks its appendix; only a text that names Pixar is Pixar's.
-    if name == "Pixar" and "pixar" not in text.lower():
-        name = "Apache-2.0"
-    return name, float(res.score)
-
-
-def _match(text: str) -> tuple[str, float]:
-    return _identify_cached(hashlib.sha1(text.encode()).hexdigest(), text)
-
-
 def identify_text(text: str, min_score: float = 0.8) -> tuple[str, ...]:
-    """SPDX ids of a license text, the project's own license first.
+    """SPDX ids of a license file's text, the project's own first (whole file read)."""
+    return tuple(dict.fromkeys(m.spdx for m in license_matches(text, min_score)))
 
-    A short file is matched whole. Files that bundle several licenses (the project's,
-    then its vendored dependencies') are split at separator lines and each section is
-    matched; if no section is confident, growing prefixes cut at paragraph ends are
-    tried, since the project's license comes first by convention.
-    """
+
+def license_matches(text: str, min_score: float = 0.8) -> list[LicenseMatch]:
+    """``SPDX-License-Identifier`` lines if any, else every license text in the file."""
     ids = [m.group(1).strip() for m in SPDX_LINE.finditer(text[:4000])]
-    found: list[str] = [k for e in ids for k in expression_keys(e)]
-    if found:
-        return tuple(dict.fromkeys(found))
-    text = text.strip()
-    if not text:
-        return ()
-    if len(text) <= 12_000:
-        name, score = _match(text)
-        if score >= min_score:
-            return (name,)
-    sections = [s.strip() for s in _SEPARATOR.split(text) if s and len(s.strip()) > 300]
-    for sec in sections[:6]:
-        name, score = _match(sec)
-        if score >= min_score:
-            found.append(name)
-    if not found:
-        paragraphs = [m.end() for m in re.finditer(r"\n\s*\n", text)]
-        for size in (1500, 3000, 6000):
-            cut = next((p for p in paragraphs if p >= size), None)
-            if cut is None:
-                break
-            name, score = _match(text[:cut])
-            if score >= min_score:
-                found.append(name)
-                break
-    if not found and len(text) > 12_000:
-        name, score = _match(text)
-        if score >= min_score:
-            found.append(name)
-    return tuple(dict.fromkeys(found))
+    keys = [k for e in ids for k in expression_keys(e)]
+    if keys:
+        return [LicenseMatch(k, 1.0, 0, "spdx") for k in dict.fromkeys(keys)]
+    return identify_parts(text, min_score)
 
 
 def is_license_file(path: str) -> bool:
@@ -165,16 +127,16 @@ def is_license_file(path: str) -> bool:
     return LICENSE_FILE.match(posixpath.basename(path)) is not None
 
 
-def license_of_file(path: str, content: str, min_score: float) -> tuple[str, ...]:
-    """License ids declared by a license file or a README's license section."""
+def license_of_file(path: str, content: str, min_score: float) -> list[LicenseMatch]:
+    """Licenses declared by a license file or a README's license section, with scores."""
     base = posixpath.basename(path)
     if LICENSE_FILE.match(base):
-        return identify_text(content, min_score)
+        return license_matches(content, min_score)
     if README_FILE.match(base):
         ids = [m.group(1).strip() for m in SPDX_LINE.finditer(content)]
         keys = [k for e in ids for k in expression_keys(e)]
         if keys:
-            return tuple(dict.fromkeys(keys))
+            return [LicenseMatch(k, 1.0, 0, "spdx") for k in dict.fromkeys(keys)]
         m = _README_SECTION.search(content)
         if m:
             section = m.group(2)
@@ -182,16 +144,63 @@ def license_of_file(path: str, content: str, min_score: float) -> tuple[str, ...
                               r"([A-Za-z0-9.+-]+(?: (?:AND|OR|WITH) [A-Za-z0-9.+-]+)*)\b",
                               section)
             if inline and expression_keys(inline.group(1)):
-                return expression_keys(inline.group(1))
-            return identify_text(section, min_score)
-    return ()
+                return [LicenseMatch(k, 1.0, 0, "readme")
+                        for k in expression_keys(inline.group(1))]
+            return license_matches(section, min_score)
+    return []
+
+
+class _Spill:
+    """Record contents moved to a temporary file while a repository is buffered.
+
+    A repository's license files may come after the files they cover, so its records
+    wait until its last file has arrived; past ``limit`` bytes their contents wait on
+    disk, so memory holds at most ``limit`` bytes of content whatever the repository's size.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.held = 0
+        self.file: IO[bytes] | None = None
+        self.where: dict[int, tuple[int, int]] = {}
+
+    def add(self, rec: FileRecord) -> None:
+        n = len(rec.content)
+        if self.held + n <= self.limit:
+            self.held += n
+            return
+        if self.file is None:
+            self.file = tempfile.TemporaryFile(prefix="data-license-")  # noqa: SIM115 (closed in close())
+        raw = rec.content.encode("utf-8", "surrogatepass")
+        self.file.seek(0, os.SEEK_END)
+        self.where[id(rec)] = (self.file.tell(), len(raw))
+        self.file.write(raw)
+        rec.content = ""
+
+    def content(self, rec: FileRecord) -> str:
+        spot = self.where.get(id(rec))
+        if spot is None or self.file is None:
+            return rec.content
+        self.file.seek(spot[0])
+        return self.file.read(spot[1]).decode("utf-8", "surrogatepass")
+
+    def restore(self, rec: FileRecord) -> None:
+        if id(rec) in self.where:
+            rec.content = self.content(rec)
+            del self.where[id(rec)]
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+        self.file, self.held, self.where = None, 0, {}
 
 
 class LicenseStep:
     """Detect each repository's licenses and classify every file.
 
-    A repository's records are buffered (they arrive contiguously from ingest) because
-    its license files may come after the files they cover in path order.
+    A repository's records are held until its last one (they arrive contiguously from
+    ingest) because its license files may come after the files they cover in path
+    order; contents beyond ``max_buffer_bytes`` are held on disk (:class:`_Spill`).
     """
 
     name = "license"
@@ -202,72 +211,85 @@ class LicenseStep:
     def run(self, records: Iterable[FileRecord], rank: int = 0, world_size: int = 1) -> StepRun:
         import time
 
-        stats = StepStats(self.name)
+        stats = StageStats(self.name)
         buf: list[FileRecord] = []
+        spill = _Spill(self.config.max_buffer_bytes)
         repo = None
-        for rec in records:
-            if rec.repo != repo and buf:
-                t0, c0 = time.perf_counter(), time.thread_time()
-                self._apply(buf, stats)
-                stats.seconds += time.perf_counter() - t0
-                stats.cpu_seconds += time.thread_time() - c0
-                yield from self._emit(buf, stats)
-                buf = []
-            repo = rec.repo
-            buf.append(rec)
-        if buf:
+
+        def flush() -> Iterator[FileRecord]:
             t0, c0 = time.perf_counter(), time.thread_time()
-            self._apply(buf, stats)
+            self._apply(buf, stats, spill)
             stats.seconds += time.perf_counter() - t0
             stats.cpu_seconds += time.thread_time() - c0
-            yield from self._emit(buf, stats)
+            for rec in buf:
+                spill.restore(rec)
+                yield from self._emit(rec, stats)
+            spill.close()
+            buf.clear()
+
+        for rec in records:
+            if rec.repo != repo and buf:
+                yield from flush()
+            repo = rec.repo
+            buf.append(rec)
+            if not rec.drop_stage:
+                spill.add(rec)
+        if buf:
+            yield from flush()
         stats.dropped = dict(sorted(stats.dropped.items()))
         return stats
 
-    def _emit(self, buf: list[FileRecord], stats: StepStats) -> Iterator[FileRecord]:
-        for rec in buf:
-            if rec.drop_stage and rec.drop_stage != self.name:
-                yield rec
-                continue
-            stats.files_in += 1
-            stats.bytes_in += rec.size
-            if rec.drop_stage:
-                stats.dropped[rec.drop_reason] = stats.dropped.get(rec.drop_reason, 0) + 1
-            else:
-                stats.files_out += 1
-                stats.bytes_out += rec.size
+    def _emit(self, rec: FileRecord, stats: StageStats) -> Iterator[FileRecord]:
+        if rec.drop_stage and rec.drop_stage != self.name:
             yield rec
+            return
+        stats.files_in += 1
+        stats.bytes_in += rec.size
+        if rec.drop_stage:
+            stats.dropped[rec.drop_reason] = stats.dropped.get(rec.drop_reason, 0) + 1
+        else:
+            stats.files_out += 1
+            stats.bytes_out += rec.size
+        yield rec
 
-    def _apply(self, buf: list[FileRecord], stats: StepStats) -> None:
-        dir_licenses: dict[str, tuple[tuple[str, ...], str, tuple[str, ...]]] = {}
-        found: dict[str, list[tuple[int, str, tuple[str, ...]]]] = {}
+    def _apply(self, buf: list[FileRecord], stats: StageStats, spill: _Spill) -> None:
+        # directory -> (all ids, deciding file, primaries, deciding score)
+        dir_licenses: dict[str, tuple[tuple[str, ...], str, tuple[str, ...], float]] = {}
+        found: dict[str, list[tuple[int, str, list[LicenseMatch]]]] = {}
         for rec in buf:
             if rec.drop_stage:
                 continue
             base = posixpath.basename(rec.path)
             if not (LICENSE_FILE.match(base) or README_FILE.match(base)):
                 continue
-            ids = license_of_file(rec.path, rec.content, self.config.min_score)
-            if ids:
+            content = spill.content(rec)
+            matches = license_of_file(rec.path, content, self.config.min_score)
+            if not matches and LICENSE_FILE.match(base) and content.strip() and not base.lower(
+                    ).startswith(("notice", "copyright")):
+                matches = [LicenseMatch(UNIDENTIFIED, 0.0, 0, "none")]
+                stats.count("unidentified_license_files")
+            if matches:
                 stats.count("license_files")
                 rank = 1 if README_FILE.match(base) else (
                     2 if base.lower().startswith("notice") else 0)
-                found.setdefault(posixpath.dirname(rec.path), []).append((rank, rec.path, ids))
+                found.setdefault(posixpath.dirname(rec.path), []).append(
+                    (rank, rec.path, matches))
         for d, items in found.items():
-            items.sort()
+            items.sort(key=lambda it: (it[0], it[1]))
             best = items[0][0]
             chosen = [lst for r, _, lst in items if r == best]
-            ids = tuple(dict.fromkeys(i for lst in chosen for i in lst))
+            ids = tuple(dict.fromkeys(m.spdx for lst in chosen for m in lst))
             # Each file's first license is the project's own; the rest are bundled code's.
-            primaries = tuple(dict.fromkeys(lst[0] for lst in chosen))
-            dir_licenses[d] = (ids, items[0][1], primaries)
+            primaries = tuple(dict.fromkeys(lst[0].spdx for lst in chosen))
+            dir_licenses[d] = (ids, items[0][1], primaries, items[0][2][0].score)
         for rec in buf:
             if rec.drop_stage:
                 continue
-            spdx = [m.group(1).strip() for m in SPDX_LINE.finditer(rec.content[:3000])]
+            head = spill.content(rec)[:3000] if id(rec) in spill.where else rec.content[:3000]
+            spdx = [m.group(1).strip() for m in SPDX_LINE.finditer(head)]
             keys = tuple(k for e in spdx for k in expression_keys(e))
             if keys and not is_license_file(rec.path):
-                rec.license_ids, rec.license_source = keys, "spdx-header"
+                rec.license_ids, rec.license_source, rec.license_score = keys, "spdx-header", 1.0
                 rec.license_type = classify_expression(" AND ".join(
                     f"({e})" for e in spdx if expression_keys(e)), self.config.extra_permissive)
             else:
@@ -275,12 +297,15 @@ class LicenseStep:
                 primaries: tuple[str, ...] = ()
                 while True:
                     if d in dir_licenses:
-                        rec.license_ids, rec.license_source, primaries = dir_licenses[d]
+                        (rec.license_ids, rec.license_source, primaries,
+                         rec.license_score) = dir_licenses[d]
                         break
                     if not d:
                         break
                     d = posixpath.dirname(d)
-                if rec.license_ids:
+                if rec.license_ids and UNIDENTIFIED in primaries:
+                    rec.license_type = UNIDENTIFIED
+                elif rec.license_ids:
                     # Several license files in one place mean a choice (dual licensing).
                     rec.license_type = classify_expression(
                         " OR ".join(primaries), self.config.extra_permissive)

@@ -15,7 +15,7 @@ from pathlib import Path
 import yaml
 
 from data.errors import DataConfigError
-from data.records import FileRecord, StepStats
+from data.records import FileRecord, StageStats
 from data.step import Step
 
 
@@ -30,13 +30,26 @@ class OptOutEntry:
     reason: str = ""
 
     def matches(self, record: FileRecord) -> bool:
-        """Whether this request covers the file."""
-        owner = record.repo.split("/", 1)[0] if "/" in record.repo else ""
-        if self.author and self.author != owner:
+        """Whether this request covers the file.
+
+        ``author`` (a glob, case-insensitive) matches the repository's owner (``owner/name``)
+        or any commit author of the file: name, email or ``Name <email>``, so it also
+        reaches repositories named by folder and code an author committed elsewhere.
+        """
+        if self.author and not self._author_matches(record):
             return False
         if self.repo and not fnmatch.fnmatchcase(record.repo, self.repo):
             return False
         return not (self.path and not fnmatch.fnmatchcase(record.path, self.path))
+
+    def _author_matches(self, record: FileRecord) -> bool:
+        pat = self.author.lower()
+        owner = record.repo.split("/", 1)[0] if "/" in record.repo else ""
+        names = [owner] if owner else []
+        for a in record.authors:
+            name, _, email = a.partition(" <")
+            names += [a, name, email.rstrip(">")]
+        return any(n and fnmatch.fnmatchcase(n.lower(), pat) for n in names)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -101,7 +114,7 @@ class OptOutStep(Step):
     def __init__(self, registry: OptOutRegistry) -> None:
         self.registry = registry
 
-    def process(self, record: FileRecord, stats: StepStats) -> str | None:
+    def process(self, record: FileRecord, stats: StageStats) -> str | None:
         e = self.registry.match(record)
         if e is None:
             return None

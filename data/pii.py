@@ -1,8 +1,10 @@
 """PII redaction: emails, IP addresses, keys and secrets, passwords, credit cards, phones.
 
-Known key formats come from ``detect-secrets``' plugins (their maintained regexes);
-generic secrets are quoted values assigned to key-like names that pass detect-secrets'
-Shannon-entropy check. Every value is replaced consistently within a file (``<EMAIL>``,
+Keys and passwords come from the rule families of :mod:`data.secrets` (provider formats,
+keyed values in any syntax, flags, headers, DSNs, login calls) plus detect-secrets'
+plugin regexes. Phone numbers are off by default (StarCoder2 did not redact them; in
+code they are mostly tables of constants). Every value is replaced consistently within
+a file (``<EMAIL>``,
 ``<KEY>``, ``<PASSWORD>``, ``<NAME>``, ``<CREDIT_CARD>``, ``<PHONE>``; IP addresses by a
 synthetic private address of the same family) and logged by type, position and a hash
 of the value, never the value itself.
@@ -12,15 +14,38 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import hmac
 import ipaddress
 import re
 from dataclasses import dataclass
 
-from detect_secrets.plugins.high_entropy_strings import Base64HighEntropyString
-
 from data.config import PIIConfig
-from data.records import FileRecord, StepStats
+from data.pii_scan import (
+    _AT,
+    HINT_DIGITS,
+    HINT_IPV4,
+    HINT_IPV6,
+    NAME_WORDS,
+    SECRET_WORDS,
+    KeyPattern,
+    _fold,
+    _known_key_patterns,
+    _lines,
+    _scan,
+    _word_lines,
+    analyse_key_pattern,
+)
+from data.records import FileRecord, StageStats
+from data.secrets import (
+    PROVIDER_PATTERNS,
+    find_secrets,
+    provider_value_ok,
+    shannon_entropy,
+)
 from data.step import Step
+
+__all__ = ["Finding", "KeyPattern", "PIIDetector", "PIIStep", "analyse_key_pattern", "evaluate",
+           "luhn_ok", "redact_text", "shannon_entropy"]
 
 # Public DNS resolvers are not personal data (BigCode's PII pipeline kept them too).
 PUBLIC_DNS = frozenset({
@@ -72,21 +97,6 @@ CARD = re.compile(r"(?<![\d.-])((?:\d[ -]?){12,18}\d)(?![\d-]|\.\d)")
 PHONE = re.compile(
     r"(?<![\w+.\-/])(\+\d{1,3}[ .-]?(?:\(\d{1,4}\)|\d{1,4})(?:[ .-]\d{2,5}){2,4}|"
     r"(?:\(\d{3}\)[ ]?|\d{3}[-. ])\d{3}[-. ]\d{4})(?![\w\-/]|\.\d)")
-SECRET_NAME = (r"(?:api[_-]?key|apikey|secret(?:[_-]?key)?|access[_-]?key(?:[_-]?id)?|"
-               r"private[_-]?key|auth[_-]?token|access[_-]?token|refresh[_-]?token|"
-               r"bearer[_-]?token|token|client[_-]?secret|signing[_-]?key|encryption[_-]?key|"
-               r"app[_-]?key|app[_-]?secret|consumer[_-]?(?:key|secret)|credentials?)")
-ASSIGN = r"[\"']?\]?\s*(?:=|:|==|:=|=>|\?\?=)\s*(?:[bru]|new String\(|os\.getenv\([^)]*,\s*)?"
-KEY_ASSIGN = re.compile(
-    r"(?i)\b\w*?" + SECRET_NAME + r"\w*" + ASSIGN + r"([\"'`])([^\"'`\s]{12,256})\1")
-PASSWORD_ASSIGN = re.compile(
-    r"(?i)(?:\b\w*?(?:password|passwd|passphrase|_pass|_pwd)\w*|\bpwd|\bpass)" + ASSIGN +
-    r"([\"'`])([^\"'`\n]{3,128})\1")
-PASSWORD_ENV = re.compile(r"(?m)^\s*(?:export\s+|set\s+)?[A-Z_]*"
-                          r"(?:PASSWORD|PASSWD|PASSPHRASE|_PASS)"
-                          r"[A-Z_]*\s*[=:]\s*([^\s\"'$;()]{3,128})\s*$")
-BASIC_AUTH = re.compile(r"://[^:/?#\[\]@\s]+:([^/@\s]{3,})@[\w.-]")
-BEARER = re.compile(r"\bBearer\s+([A-Za-z0-9._~+/=-]{16,})")
 PRIVATE_KEY_BLOCK = re.compile(
     r"-----BEGIN ((?:RSA |DSA |EC |OPENSSH |PGP |ENCRYPTED )?PRIVATE KEY(?: BLOCK)?)-----"
     r"[\s\S]*?-----END \1-----")
@@ -95,244 +105,32 @@ NAME_CONTEXT = re.compile(
     r"(?i:author|maintainer|written by|created by|signed-off-by)"
     r"[ \t]*[:=]?[ \t]*[\"']?|__author__\s*=\s*[\"'])"
     r"([A-Z][a-z]+(?:[ -](?:[A-Z]\.|[A-Z][a-z']+)){1,3})")
-PLACEHOLDER = re.compile(
-    r"(?i)your|example|dummy|placeholder|change.?me|xxxx|\*\*\*|sample|fake|insert|replace|"
-    r"redacted|todo|xmpl|<|>|\$\{|\{\{|%\(|%s|\.\.\.|^(?:none|null|nil|true|false|undefined|"
-    r"password|passwd|secret|test|pass|admin|root|guest|default|empty|required|string|"
-    r"\w+_?(?:password|token|key|secret))$")
 TOKEN_TAIL = re.compile(r"[A-Za-z0-9_\-+/=.]+")
-PAGINATION_NAME = re.compile(r"(?i)next|page|pagination|continuation|cursor|marker|sync_?token")
-# Lockfile and VCS contexts: hex/base64 blobs there are digests, not secrets.
-DIGEST_CONTEXT = re.compile(r"(?i)(?:sha\d*|md5|hash|digest|checksum|integrity|commit|rev|"
-                            r"revision|etag|nonce|uuid|guid|fingerprint)\w*[\"']?\s*[:=]")
-
-
-# Cheap scans that find the lines worth the full patterns (PII is rare in code: most
-# lines never reach the expensive regexes; measured 5x faster on site-packages).
-# Keywords that must appear on a line for the secret / name patterns to be tried there.
-SECRET_WORDS = ("key", "secret", "token", "credential", "passw", "passphrase", "pwd", "pass",
-                "bearer", "://")
-NAME_WORDS = ("author", "maintainer", "written by", "created by", "signed-off-by")
-# Each hint starts with a literal or a character class so that ``re`` skips ahead in C to
-# the next candidate position (its prefix/charset search); the equivalent forms that open
-# with ``\d{3}`` or a lookbehind try a match at every position (measured 5-9x slower).
-# Lines only matter, so a hint may match a character later than the pattern it guards.
-_AT = re.compile("@")
-HINT_IPV4 = re.compile(r"\.(?<=\d\.)\d{1,3}\.\d{1,3}\.\d")  # d.d.d.d
-HINT_IPV6 = re.compile(r":(?<=[0-9A-Fa-f]:)[0-9A-Fa-f]{0,4}:")  # h:h:
-# Necessary for CARD (groups open with 4+4 digits, or 13+ unseparated) and PHONE (``+d``,
-# or ``ddd[-. ]dddd`` in both of its national forms).
-HINT_DIGITS = re.compile(r"[\d+](?:(?<=\+)\d|(?<=\d)\d\d(?:\d[ -]?\d{4}|[-. ]\d{4}))")
-
-
-def _word_lines(text: str, words: tuple[str, ...], lowered: str | None) -> list[tuple[int, int]]:
-    """Line spans containing any of ``words`` (case-insensitive), found with ``str.find``.
-
-    Case-insensitive regex alternations are slow in ``re``; when ``text.lower()`` keeps
-    offsets (nearly always), plain substring search on it finds the lines.
-    """
-    if lowered is None:  # non-ASCII: lower() may move offsets; fall back to a regex
-        rx = re.compile("|".join(map(re.escape, words)), re.I)
-        return _lines(text, rx)
-    starts: set[int] = set()
-    for w in words:
-        i = lowered.find(w)
-        while i >= 0:
-            ls = lowered.rfind("\n", 0, i) + 1
-            starts.add(ls)
-            e = lowered.find("\n", i)
-            if e < 0:
-                break
-            i = lowered.find(w, e)
-    spans = []
-    for ls in sorted(starts):
-        e = text.find("\n", ls)
-        spans.append((ls, len(text) if e < 0 else e))
-    return spans
-
-
-def _lines(text: str, hint: re.Pattern[str]) -> list[tuple[int, int]]:
-    """(start, end) of each line that contains a match of ``hint``, in order, unique.
-
-    After a hit the search resumes at the end of its line, so a line costs one Python
-    iteration however many hits it holds.
-    """
-    spans: list[tuple[int, int]] = []
-    search = hint.search
-    find = text.find
-    m = search(text)
-    while m is not None:
-        s = text.rfind("\n", 0, m.start()) + 1
-        e = find("\n", m.end())
-        if e < 0:
-            spans.append((s, len(text)))
-            break
-        spans.append((s, e))
-        m = search(text, e)
-    return spans
-
-
-def _scan(pattern: re.Pattern[str], text: str, spans: list[tuple[int, int]]):
-    for s, e in spans:
-        yield from pattern.finditer(text, s, e)
-
-
-@dataclass(frozen=True, slots=True)
-class KeyPattern:
-    """A detect-secrets key regex and the cheap test a text must pass before it runs.
-
-    ``literals``: strings of which every match contains one (``None``: no usable literal);
-    ``folded``: compare them case-insensitively; ``gate``: for patterns whose literals are
-    too short to gate on, the pattern's tail from its best literal on, which ``re``
-    searches with its fast literal-prefix scan.
-    """
-
-    pattern: re.Pattern[str]
-    literals: frozenset[str] | None = None
-    folded: bool = False
-    gate: re.Pattern[str] | None = None
-
-    def may_match(self, text: str, folded: str) -> bool:
-        """False only when the pattern cannot match ``text`` (a necessary condition)."""
-        if self.literals is not None:
-            hay = folded if self.folded else text
-            if not any(lit in hay for lit in self.literals):
-                return False
-        return self.gate is None or self.gate.search(text) is not None
-
-
-# Required literals of a regex, read from its parse tree, gate the detect-secrets
-# patterns: a pattern scans a text only when one of its literals occurs there (str ``in``,
-# a C substring search), the "required factor" prefilter of RE2 and Hyperscan (Python's
-# ``re`` skips ahead only for a literal *prefix*; measured: the 26 whole-text scans were
-# the largest PII cost). A pattern the parser cannot analyse runs ungated.
-_MIN_LITERAL = 3
-_REPEATS = ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT")
-
-
-def _best(factors: list[tuple[int, frozenset[str]]]) -> tuple[int, frozenset[str]] | None:
-    return max(factors, key=lambda f: min(map(len, f[1])), default=None)
-
-
-def _factors(items: list) -> list[tuple[int, frozenset[str]]]:
-    """(index, alternatives) of each required literal factor of a parsed sequence."""
-    out: list[tuple[int, frozenset[str]]] = []
-    run: list[str] = []
-    start = 0
-    for i, (op, av) in enumerate(items):
-        if str(op) == "LITERAL":
-            if not run:
-                start = i
-            run.append(chr(av))
-            continue
-        if run:
-            out.append((start, frozenset({"".join(run)})))
-            run = []
-        sub = _node_literals(str(op), av)
-        if sub:
-            out.append((i, sub))
-    if run:
-        out.append((start, frozenset({"".join(run)})))
-    return out
-
-
-def _node_literals(op: str, av: object) -> frozenset[str] | None:
-    """Literal alternatives one of which every match of this parse node contains."""
-    if op == "SUBPATTERN" and not av[1] and not av[2]:  # type: ignore[index]
-        best = _best(_factors(av[3]))  # type: ignore[index]
-    elif op == "ATOMIC_GROUP":
-        best = _best(_factors(av))  # type: ignore[arg-type]
-    elif op in _REPEATS and av[0] >= 1:  # type: ignore[index]
-        best = _best(_factors(av[2]))  # type: ignore[index]
-    elif op == "BRANCH":
-        alts = [_best(_factors(a)) for a in av[1]]  # type: ignore[index]
-        return None if any(a is None for a in alts) else frozenset().union(
-            *(a[1] for a in alts))  # type: ignore[index]
-    else:
-        return None
-    return best[1] if best else None
-
-
-def _ops(items: list) -> set[str]:
-    """Every opcode name in a parsed sequence, nested ones included."""
-    names: set[str] = set()
-    stack = [items]
-    while stack:
-        for op, av in stack.pop():
-            names.add(str(op))
-            for x in av if isinstance(av, (tuple, list)) else ():
-                if isinstance(x, list) and x and isinstance(x[0], tuple):
-                    stack.append(x)
-                elif hasattr(x, "data"):
-                    stack.append(x.data)
-                elif isinstance(x, list):
-                    stack.extend(a.data if hasattr(a, "data") else a for a in x)
-    return names
-
-
-def analyse_key_pattern(pattern: re.Pattern[str]) -> KeyPattern:
-    """Derive the cheap gate of one key regex (see :class:`KeyPattern`)."""
-    try:
-        from re import _compiler as sre_compile  # private, but stable in 3.11-3.13
-        from re import _parser as sre_parse
-
-        parsed = sre_parse.parse(pattern.pattern, pattern.flags)
-        best = _best(_factors(list(parsed.data)))
-        if best is None:
-            return KeyPattern(pattern)
-        index, literals = best
-        folded = bool(parsed.state.flags & re.IGNORECASE)
-        if folded:
-            literals = frozenset(lit.casefold() for lit in literals)
-        gate = None
-        if (min(map(len, literals)) < _MIN_LITERAL and index > 0
-                and str(parsed.data[index][0]) == "LITERAL"
-                and not _ops(list(parsed.data)) & {"GROUPREF", "GROUPREF_EXISTS"}):
-            tail = sre_parse.SubPattern(parsed.state, list(parsed.data[index:]))
-            gate = sre_compile.compile(tail, pattern.flags)
-            literals = None  # the gate regex is the stronger test
-        return KeyPattern(pattern, literals, folded, gate)
-    except Exception:  # an unknown regex form is simply not gated
-        return KeyPattern(pattern)
-
-
-@functools.cache
-def _known_key_patterns() -> list[KeyPattern]:
-    """Regexes of detect-secrets plugins for specific key formats, with their gates."""
-    from detect_secrets.core.plugins.util import get_mapping_from_secret_type_to_class
-
-    wanted = {"AWSKeyDetector", "AzureStorageKeyDetector", "DiscordBotTokenDetector",
-              "GitHubTokenDetector", "GitLabTokenDetector", "JwtTokenDetector",
-              "MailchimpDetector", "NpmDetector", "OpenAIDetector", "PypiTokenDetector",
-              "SendGridDetector", "SlackDetector", "SquareOAuthDetector", "StripeDetector",
-              "TelegramBotTokenDetector", "TwilioKeyDetector"}
-    pats = []
-    for cls in get_mapping_from_secret_type_to_class().values():
-        if cls.__name__ in wanted:
-            pats.extend(getattr(cls, "denylist", ()))
-    return [analyse_key_pattern(p) for p in sorted(pats, key=lambda p: p.pattern)]
-
-
-def _fold(text: str) -> str:
-    """Case-folded text for gating ``re.IGNORECASE`` literals (a superset test).
-
-    ``re`` also matches dotless/dotted i against ``i``: map them so the test stays
-    necessary (extra acceptances only cost a scan).
-    """
-    folded = text.casefold()
-    if not folded.isascii():
-        folded = folded.replace("\u0131", "i").replace("\u0307", "")
-    return folded
-
-
-
-
-_ENTROPY = Base64HighEntropyString()
-
-
-def shannon_entropy(value: str) -> float:
-    """detect-secrets' Shannon entropy in bits per character."""
-    return float(_ENTROPY.calculate_shannon_entropy(value))
+# Generic top-level domains seen in mail addresses; any two-letter (country) TLD counts
+# too. ``weights@inputs.transpose(...)`` (matrix multiply) and ``deploy@db.internal``
+# (ssh targets) end in words that are no such domain.
+GENERIC_TLDS = frozenset({
+    "com", "org", "net", "edu", "gov", "mil", "int", "info", "biz", "name", "pro", "aero",
+    "coop", "museum", "mobi", "asia", "tel", "jobs", "travel", "app", "dev", "io", "ai",
+    "co", "me", "tech", "online", "site", "xyz", "cloud", "email", "systems", "software",
+    "codes", "digital", "design", "studio", "agency", "company", "solutions", "services",
+    "consulting", "network", "works", "tools", "space", "blog", "news", "media", "team",
+    "group", "club", "life", "live", "world", "today", "academy", "engineering", "science",
+    "global", "center", "support", "zone", "one", "page", "link", "website", "host",
+    "store", "shop",
+})
+# Dotted quads next to these words are versions, OIDs or sections (any part of the
+# nearest preceding identifier: AssemblyFileVersion, firmware, since, release_tag).
+VERSION_WORDS = re.compile(
+    r"(?i)version|release|firmware|build|since|revision|\brev\b|\bver\b|\bv$|kernel|"
+    r"\bchrome|\bfirefox|\bwindows|\bmacos|\bios\b|\bandroid|\bsdk|\btag\b|\bpatch\b")
+# Commands whose user@host argument is a login on a machine.
+REMOTE_TARGET = re.compile(r"\b(?:ssh|scp|sftp|rsync|mosh|sshpass|ssh-copy-id|telnet)\b[^\n]*"
+                           r"(?:\s|-[\w]\s*)$")
+LOCKFILE = re.compile(r"(?:^|/)(?:[\w.-]+\.lock|package-lock\.json|go\.sum|"
+                      r"pnpm-lock\.yaml|npm-shrinkwrap\.json)$")
+IMAGE_LINE = re.compile(r"(?i)image|\bfrom\b|docker|container|\btag")
+OID_LINE = re.compile(r"(?i)\boid|object identifier|::=|\basn|\bsnmp|\bmib\b|arc\b")
 
 
 def luhn_ok(digits: str) -> bool:
@@ -384,8 +182,8 @@ class PIIDetector:
                         if t & {"key", "password"} else [])
         if "key" in t:
             found += self._keys(text, secret_spans)
-        if "password" in t:
-            found += self._passwords(text, secret_spans)
+        if t & {"key", "password"}:
+            found += self._secrets(text, secret_spans)
         if "email" in t and "@" in text:
             found += self._emails(text)
         if "ip" in t:
@@ -413,6 +211,12 @@ class PIIDetector:
             out += [Finding("key", m.start(), m.end(), m.group(0))
                     for m in PRIVATE_KEY_BLOCK.finditer(text)]
         folded: str | None = None
+        for kp in _provider_patterns():
+            if not kp.may_match(text, ""):
+                continue
+            for m in kp.pattern.finditer(text):
+                if provider_value_ok(m.group(0)):
+                    out.append(Finding("key", m.start(), m.end(), m.group(0)))
         for kp in _known_key_patterns():
             if kp.folded and folded is None:
                 folded = _fold(text)
@@ -425,57 +229,21 @@ class PIIDetector:
                 whole = g == 0 or m.end(g) - m.start(g) < 16
                 s, e = (m.start(), m.end()) if whole else (m.start(g), m.end(g))
                 value = text[s:e].strip()
-                if len(value) >= 16 and not PLACEHOLDER.search(value):
+                if len(value) >= 16 and provider_value_ok(value):
                     s = text.index(value, s)
                     # Some plugin regexes end lazily (JWT's signature part): the secret
                     # runs on to the end of its token.
                     tail = TOKEN_TAIL.match(text, s + len(value))
                     e = tail.end() if tail else s + len(value)
-                    out.append(Finding("key", s, e, text[s:e]))
-        for m in _scan(BEARER, text, spans):
-            if self._secret_like(m.group(1)):
-                out.append(Finding("key", m.start(1), m.end(1), m.group(1)))
-        for m in _scan(KEY_ASSIGN, text, spans):
-            value = m.group(2)
-            if PAGINATION_NAME.search(text, m.start(), m.start(1)):
-                continue  # NextToken, page_token, cursor: opaque paging state, not secrets
-            if self._secret_like(value) and not DIGEST_CONTEXT.search(
-                    text[max(0, m.start() - 5):m.start(2)]):
-                out.append(Finding("key", m.start(2), m.end(2), value))
+                    if provider_value_ok(text[s:e]):
+                        out.append(Finding("key", s, e, text[s:e]))
         return out
 
-    def _secret_like(self, value: str) -> bool:
-        if PLACEHOLDER.search(value) or "/" in value.strip("/")[:1] or value.startswith("http"):
-            return False
-        if not (any(c.isdigit() for c in value) and any(c.isalpha() for c in value)):
-            return False
-        if re.fullmatch(r"[\w.-]+\.(?:py|js|json|txt|pem|key|crt|yaml|yml)", value):
-            return False
-        hexlike = re.fullmatch(r"[0-9a-fA-F]+", value) is not None
-        if hexlike and len(value) < 32:
-            return False  # under 128 bits of hex: ids, short hashes (secrets are longer)
-        limit = self.config.entropy_hex if hexlike else self.config.entropy_base64
-        # Short strings cannot reach a high entropy: cap the bar at 85% of log2(length).
-        import math
-
-        limit = min(limit, 0.85 * math.log2(len(value)))
-        return shannon_entropy(value) >= limit
-
-    def _passwords(self, text: str, spans: list[tuple[int, int]]) -> list[Finding]:
-        out = []
-        for m in _scan(PASSWORD_ASSIGN, text, spans):
-            v = m.group(2)
-            if not PLACEHOLDER.search(v) and not v.isspace() and len(set(v)) > 2:
-                out.append(Finding("password", m.start(2), m.end(2), v))
-        for m in _scan(PASSWORD_ENV, text, spans):
-            v = m.group(1)
-            if not PLACEHOLDER.search(v) and len(set(v)) > 2:
-                out.append(Finding("password", m.start(1), m.end(1), v))
-        for m in _scan(BASIC_AUTH, text, spans):
-            v = m.group(1)
-            if not PLACEHOLDER.search(v):
-                out.append(Finding("password", m.start(1), m.end(1), v))
-        return out
+    def _secrets(self, text: str, spans: list[tuple[int, int]]) -> list[Finding]:
+        """Keyed, flag, header, query, DSN and call secrets (both kinds) on ``spans``."""
+        t = self.types
+        return [Finding(kind, s, e, v) for kind, s, e, v in find_secrets(text, spans)
+                if kind in t]
 
     def _emails(self, text: str) -> list[Finding]:
         out = []
@@ -483,6 +251,14 @@ class PIIDetector:
             local, domain, tld = m.group(1), m.group(2).lower(), m.group(3).lower()
             if tld in NON_TLDS or local.lower() in SERVICE_LOCALS:
                 continue
+            raw_tld = m.group(3)
+            if not ((len(tld) == 2 or tld in GENERIC_TLDS)
+                    and (raw_tld.islower() or m.group(2).isupper())):
+                continue  # a@b.method (matrix multiply), user@host.internal
+            if text.startswith(("(", "["), m.end()):
+                continue  # x@w.T(...) is a call, not an address
+            if REMOTE_TARGET.search(text, max(0, m.start() - 80), m.start()):
+                continue  # ssh user@host, scp user@host:path: a login, not a mailbox
             if domain in PLACEHOLDER_DOMAINS or domain.endswith(PLACEHOLDER_SUFFIXES):
                 continue
             if "example" in local.lower():  # documentation addresses (exampleUser@...)
@@ -507,6 +283,8 @@ class PIIDetector:
                 if text.startswith(".", m.end()) and text[m.end() + 1:m.end() + 2].isalnum():
                     continue  # part of a longer dotted token: 11.2.0.4.v3
                 if VERSION_CONTEXT.search(before) or PACKAGE_AT.search(before):
+                    continue
+                if self._version_like(text, m.start(), before):
                     continue
                 if max(map(len, value.split("."))) == 1:
                     ls = text.rfind("\n", 0, m.start()) + 1
@@ -536,6 +314,27 @@ class PIIDetector:
                 if self._public(value):
                     out.append(Finding("ip", m.start(1), m.end(1), value))
         return out
+
+    @staticmethod
+    def _version_like(text: str, start: int, before: str) -> bool:
+        """A dotted quad that is a version, an OID or a coordinate, by its line.
+
+        The nearest identifier before it naming a version (AssemblyFileVersion, since,
+        firmware, release_tag), an OID/ASN.1 line, or a ``group:artifact:`` coordinate.
+        """
+        ls = text.rfind("\n", 0, start) + 1
+        le = text.find("\n", start)
+        line = text[ls:len(text) if le < 0 else le]
+        if OID_LINE.search(line):
+            return True
+        if re.search(r"(?:[\w.-]+:){2}$", before) or (
+                re.search(r"\w:$", before) and IMAGE_LINE.search(line)):
+            return True  # group:artifact:version, image:tag
+        words = re.findall(r"[A-Za-z][\w-]*", text[ls:start])
+        nearest = words[-1] if words else ""
+        if nearest and VERSION_WORDS.search(nearest):
+            return True
+        return bool(VERSION_WORDS.search(line)) and not ADDRESS_CONTEXT.search(line)
 
     @staticmethod
     def _public(value: str) -> bool:
@@ -580,9 +379,17 @@ class PIIDetector:
         return out
 
     # -- redaction -------------------------------------------------------------------
-    def redact(self, text: str) -> tuple[str, list[dict[str, object]]]:
-        """Return the redacted text and its log (kind, span, value hash; never the value)."""
+    def redact(self, text: str, secret: bytes = b"", path: str = ""
+               ) -> tuple[str, list[dict[str, object]]]:
+        """Return the redacted text and its log (kind, span, keyed hash; never the value).
+
+        ``secret``: the build's HMAC key. An unsalted hash of a low-entropy value (an IP
+        in a /16, a 4-digit PIN) is reversed by enumeration in seconds; an HMAC whose key
+        stays out of the dataset is not. ``path``: lockfiles hold digests, not keys.
+        """
         findings = self.find(text)
+        if path and LOCKFILE.search(path):
+            findings = [f for f in findings if f.kind != "key"]
         if not findings:
             return text, []
         mapping: dict[tuple[str, str], str] = {}
@@ -599,7 +406,8 @@ class PIIDetector:
             parts.append(mapping[key])
             pos = f.end
             log.append({"type": f.kind, "start": f.start, "end": f.end,
-                        "sha256": hashlib.sha256(f.value.encode()).hexdigest()[:16]})
+                        "hmac": hmac.new(secret or b"unkeyed", f.value.encode(),
+                                         hashlib.sha256).hexdigest()})
         parts.append(text[pos:])
         return "".join(parts), log
 
@@ -623,14 +431,15 @@ class PIIStep(Step):
 
     name = "pii"
 
-    def __init__(self, config: PIIConfig) -> None:
+    def __init__(self, config: PIIConfig, secret: bytes = b"") -> None:
         self.config = config
+        self.secret = secret
         self.detector = PIIDetector(config)
 
-    def process(self, record: FileRecord, stats: StepStats) -> str | None:
+    def process(self, record: FileRecord, stats: StageStats) -> str | None:
         if not self.config.enabled:
             return None
-        redacted, log = self.detector.redact(record.content)
+        redacted, log = self.detector.redact(record.content, self.secret, record.path)
         if log:
             record.content = redacted
             record.redactions = log
@@ -639,6 +448,23 @@ class PIIStep(Step):
                 record.pii_counts[k] = record.pii_counts.get(k, 0) + 1
                 stats.count(f"redacted:{k}")
         return None
+
+
+@functools.cache
+def _provider_patterns() -> list[KeyPattern]:
+    """The provider formats, each gated on a literal its matches contain (see pii_scan)."""
+    return [analyse_key_pattern(p) for p in PROVIDER_PATTERNS]
+
+
+def redact_text(text: str, lang: str = "", path: str = "", config: PIIConfig | None = None
+                ) -> str:
+    """Redact ``text`` exactly as the pipeline's PII stage would (default settings).
+
+    ``lang`` and ``path`` are the file's language and path as the stage sees them (the
+    path switches off key detection in lockfiles); what ``python -m data redact`` runs.
+    """
+    del lang  # the rules are language-independent; kept so callers state what they have
+    return PIIDetector(config).redact(text, path=path)[0]
 
 
 def evaluate(cases: list[dict], detector: PIIDetector | None = None,

@@ -15,6 +15,7 @@ survivor of a duplicate cluster.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -33,12 +34,14 @@ from data.filters import FilterStep
 from data.ingest import IngestStep, assign_shards, plan_units
 from data.language import LanguageStep
 from data.license import LicenseStep
+from data.minhash import MinHasher
 from data.optout import OptOutRegistry, OptOutStep
 from data.pii import PIIStep
-from data.records import StepStats, merge_stats
+from data.records import StageStats, merge_stats
 from data.snapshot import (
     DROP_SCHEMA,
     KEPT_SCHEMA,
+    OPTOUT_SCHEMA,
     OUTPUT_COLUMNS,
     PII_LOG_SCHEMA,
     RowWriter,
@@ -46,10 +49,12 @@ from data.snapshot import (
     code_version,
     drop_row,
     kept_row,
+    optout_row,
     sha256_file,
     write_checksums,
 )
 from data.step import chain
+from data.versions import version_key
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +77,28 @@ def _mark(path: Path, payload: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def pii_secret(cfg: BuildConfig) -> bytes:
+    """The build's HMAC key for the PII log, kept beside the output, never inside it.
+
+    ``<output_dir>/.pii_secrets/<version>.key`` is created once (from ``DATA_PII_SECRET``,
+    hex, when set, so two output folders can be compared byte for byte; else random) and
+    read by every worker, local or Ray, and by a resumed build.
+    """
+    p = Path(cfg.output_dir) / ".pii_secrets" / f"{cfg.version}.key"
+    if not p.exists():
+        import secrets
+
+        env = os.environ.get("DATA_PII_SECRET", "")
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_name(f"{p.name}.{os.getpid()}.tmp")
+        tmp.write_text(bytes.fromhex(env).hex() if env else secrets.token_hex(32))
+        tmp.chmod(0o600)
+        with contextlib.suppress(FileExistsError):
+            os.link(tmp, p)  # first writer wins; concurrent workers read its key
+        tmp.unlink()
+    return bytes.fromhex(p.read_text().strip())
+
+
 def _plan(cfg: BuildConfig) -> list[list]:
     return assign_shards(plan_units(cfg.sources), cfg.num_shards)
 
@@ -88,21 +115,28 @@ def stage1_shard(config: dict[str, Any], shard: int) -> dict[str, Any]:
     units = _plan(cfg)[shard]
     registry = OptOutRegistry.load(cfg.optout.registry) if cfg.optout.registry else OptOutRegistry()
     steps = [IngestStep(cfg.ingest), LanguageStep(cfg.language), LicenseStep(cfg.license),
-             OptOutStep(registry), FilterStep(cfg.filters), PIIStep(cfg.pii),
+             OptOutStep(registry), FilterStep(cfg.filters), PIIStep(cfg.pii, pii_secret(cfg)),
              DecontamStep(cfg.decontam), SignatureStep(cfg.dedup)]
-    sink: list[StepStats] = []
+    sink: list[StageStats] = []
     d = _work(cfg) / "stage1"
     kept = RowWriter(d / f"kept-{shard:05d}.parquet", KEPT_SCHEMA)
     drops = RowWriter(d / f"drops-{shard:05d}.parquet", DROP_SCHEMA)
     pii = RowWriter(d / f"pii-{shard:05d}.parquet", PII_LOG_SCHEMA)
+    opted = RowWriter(d / f"optout-{shard:05d}.parquet", OPTOUT_SCHEMA)
+    hasher = MinHasher(cfg.dedup.num_perm, cfg.dedup.shingle_size, cfg.dedup.seed)
     for rec in chain(steps, iter(units), sink, shard, cfg.num_shards):
         if rec.drop_stage:
             drops.add(drop_row(rec))
+            if rec.drop_stage == "optout" and rec.content:
+                # Kept aside (hash and signature only) so that copies of the opted-out
+                # code elsewhere are removed by the dedup phase.
+                opted.add(optout_row(rec, hasher))
             continue
         kept.add(kept_row(rec))
         for e in rec.redactions:
             pii.add({"repo": rec.repo, "path": rec.path, "type": e["type"], "start": e["start"],
-                     "end": e["end"], "value_sha256": e["sha256"]})
+                     "end": e["end"], "value_hmac": e["hmac"]})
+    opted.close()
     result = {"shard": shard, "kept": kept.close(), "dropped": drops.close(),
               "pii_logged": pii.close(), "stats": [s.to_dict() for s in sink]}
     _mark(marker, result)
@@ -130,11 +164,21 @@ def dedup_phase(cfg: BuildConfig) -> dict[str, Any]:
                                    np.frombuffer(sig, dtype=np.uint32) if sig else None,
                                    t["license_type"][i], t["stars"][i], t["commit_date"][i]))
             names[key] = f"{t['repo'][i]}/{t['path'][i]}"
+    kept_count = len(items)
+    for shard in range(cfg.num_shards):
+        t = pq.read_table(_work(cfg) / "stage1" / f"optout-{shard:05d}.parquet").to_pydict()
+        for i in range(len(t["index"])):
+            key = (t["shard"][i], t["index"][i])
+            sig = t["signature"][i]
+            items.append(DedupItem(key, t["sha256"][i],
+                                   np.frombuffer(sig, dtype=np.uint32) if sig else None,
+                                   "", 0, "", opted_out=True))
+            names[key] = f"{t['repo'][i]}/{t['path'][i]}"
     removed, counters = find_duplicates(items, cfg.dedup)
     by_shard: dict[str, list] = {}
     for (shard, index), (reason, surv) in sorted(removed.items()):
         by_shard.setdefault(str(shard), []).append([index, reason, names[surv]])
-    stats = StepStats("dedup", files_in=len(items), files_out=len(items) - len(removed),
+    stats = StageStats("dedup", files_in=kept_count, files_out=kept_count - len(removed),
                       counters=counters, seconds=time.perf_counter() - t0,
                       cpu_seconds=time.thread_time() - c0)
     for reason, _ in removed.values():
@@ -209,6 +253,7 @@ def build(cfg: BuildConfig) -> dict[str, Any]:
     t_start = time.perf_counter()
     vdir = cfg.version_dir
     vdir.mkdir(parents=True, exist_ok=True)
+    pii_secret(cfg)  # created before the workers start
     config = cfg.to_dict()
     executor = make_executor(cfg.executor, cfg.workers, cfg.progress)
     shards = list(range(cfg.num_shards))
@@ -222,8 +267,8 @@ def build(cfg: BuildConfig) -> dict[str, Any]:
     t0 = time.perf_counter()
     s3 = executor.map(stage3_shard, config, shards, "write shards")
     timings["stage3"] = time.perf_counter() - t0
-    stage_stats = merge_stats([[StepStats.from_dict(s) for s in r["stats"]] for r in s1])
-    dedup_stats = StepStats.from_dict(dd["stats"])
+    stage_stats = merge_stats([[StageStats.from_dict(s) for s in r["stats"]] for r in s1])
+    dedup_stats = StageStats.from_dict(dd["stats"])
     dedup_stats.bytes_in = sum(r["bytes"] + r["removed_bytes"] for r in s3)
     dedup_stats.bytes_out = sum(r["bytes"] for r in s3)
     stage_stats.append(dedup_stats)
@@ -277,6 +322,9 @@ def build(cfg: BuildConfig) -> dict[str, Any]:
 
 
 def _previous_version(output_dir: Path, version: str) -> str | None:
-    versions = sorted(p.name for p in output_dir.iterdir()
-                      if p.is_dir() and (p / "manifest.json").exists() and p.name != version)
+    """The newest finished version ordered before ``version`` (semantic order)."""
+    key = version_key(version)
+    versions = sorted((p.name for p in output_dir.iterdir()
+                       if p.is_dir() and (p / "manifest.json").exists() and p.name != version
+                       and version_key(p.name) < key), key=version_key)
     return versions[-1] if versions else None

@@ -17,6 +17,8 @@ class FileRecord:
     path: str
     commit: str = ""
     commit_date: str = ""
+    authors: tuple[str, ...] = ()
+    """``Name <email>`` of every commit author who touched the file (git sources only)."""
     content: str = ""
     size: int = 0
     encoding: str = "utf-8"
@@ -29,6 +31,9 @@ class FileRecord:
     license_type: str = ""
     license_ids: tuple[str, ...] = ()
     license_source: str = ""
+    """The file that decided the license (``LICENSE``, ``sub/COPYING``) or ``spdx-header``."""
+    license_score: float = 0.0
+    """The deciding match's score (askalono's similarity; 1.0 for SPDX lines)."""
     sha256: str = ""
     pii_counts: dict[str, int] = field(default_factory=dict)
     redactions: list[dict[str, Any]] = field(default_factory=list)
@@ -49,7 +54,7 @@ class FileRecord:
 
 
 @dataclass
-class StepStats:
+class StageStats:
     """What one step did to the files it saw: counts, bytes, drop reasons and seconds."""
 
     name: str
@@ -68,9 +73,9 @@ class StepStats:
         """Add ``n`` to a named counter."""
         self.counters[key] = self.counters.get(key, 0) + n
 
-    def merged(self, other: StepStats) -> StepStats:
+    def merged(self, other: StageStats) -> StageStats:
         """Return the sum of two statistics of the same step."""
-        out = StepStats(self.name)
+        out = StageStats(self.name)
         for f in ("files_in", "bytes_in", "files_out", "bytes_out", "seconds", "cpu_seconds"):
             setattr(out, f, getattr(self, f) + getattr(other, f))
         for key in ("dropped", "counters"):
@@ -85,14 +90,14 @@ class StepStats:
         return dataclasses.asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> StepStats:
+    def from_dict(cls, d: dict[str, Any]) -> StageStats:
         """Inverse of :meth:`to_dict`."""
         return cls(**d)
 
 
-def merge_stats(all_stats: list[list[StepStats]]) -> list[StepStats]:
+def merge_stats(all_stats: list[list[StageStats]]) -> list[StageStats]:
     """Merge per-shard statistics lists (same step order in each) into one list."""
-    by_name: dict[str, StepStats] = {}
+    by_name: dict[str, StageStats] = {}
     for stats in all_stats:
         for s in stats:
             by_name[s.name] = by_name[s.name].merged(s) if s.name in by_name else s

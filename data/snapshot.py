@@ -23,7 +23,8 @@ KEPT_SCHEMA = pa.schema([
     ("commit", pa.string()), ("commit_date", pa.string()), ("stars", pa.int64()),
     ("language", pa.string()), ("vendored", pa.bool_()), ("generated", pa.bool_()),
     ("license_type", pa.string()), ("license_ids", pa.list_(pa.string())),
-    ("license_source", pa.string()), ("encoding", pa.string()), ("size", pa.int64()),
+    ("license_source", pa.string()), ("license_score", pa.float64()),
+    ("encoding", pa.string()), ("size", pa.int64()),
     ("content_bytes", pa.int64()), ("sha256", pa.string()), ("pii", pa.string()),
     ("content", pa.large_string()), ("signature", pa.binary()),
 ])
@@ -33,9 +34,13 @@ DROP_SCHEMA = pa.schema([
     ("shard", pa.int32()), ("index", pa.int64()), ("repo", pa.string()), ("path", pa.string()),
     ("stage", pa.string()), ("reason", pa.string()), ("size", pa.int64()), ("detail", pa.string()),
 ])
+OPTOUT_SCHEMA = pa.schema([
+    ("shard", pa.int32()), ("index", pa.int64()), ("repo", pa.string()), ("path", pa.string()),
+    ("sha256", pa.string()), ("signature", pa.binary()),
+])
 PII_LOG_SCHEMA = pa.schema([
     ("repo", pa.string()), ("path", pa.string()), ("type", pa.string()), ("start", pa.int64()),
-    ("end", pa.int64()), ("value_sha256", pa.string()),
+    ("end", pa.int64()), ("value_hmac", pa.string()),
 ])
 
 
@@ -45,11 +50,22 @@ def kept_row(r: FileRecord) -> dict[str, Any]:
             "commit": r.commit, "commit_date": r.commit_date, "stars": r.stars,
             "language": r.language, "vendored": r.vendored, "generated": r.generated,
             "license_type": r.license_type, "license_ids": list(r.license_ids),
-            "license_source": r.license_source, "encoding": r.encoding, "size": r.size,
+            "license_source": r.license_source, "license_score": round(r.license_score, 4),
+            "encoding": r.encoding, "size": r.size,
             "content_bytes": len(r.content.encode("utf-8", "surrogatepass")),
             "sha256": r.sha256, "pii": json.dumps(r.pii_counts, sort_keys=True),
             "content": r.content,
             "signature": r.signature.tobytes() if r.signature is not None else b""}
+
+
+def optout_row(r: FileRecord, hasher: Any) -> dict[str, Any]:
+    """Hash and MinHash signature of an opted-out file (no content: it is not published)."""
+    import hashlib
+
+    sigs, has = hasher.signatures([r.content])
+    return {"shard": r.shard, "index": r.index, "repo": r.repo, "path": r.path,
+            "sha256": hashlib.sha256(r.content.encode("utf-8", "surrogatepass")).hexdigest(),
+            "signature": sigs[0].tobytes() if has[0] else b""}
 
 
 def drop_row(r: FileRecord, detail: str = "") -> dict[str, Any]:

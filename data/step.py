@@ -1,7 +1,7 @@
 """The step protocol: ``run(records, rank, world_size)`` yields records, returns statistics.
 
 In the manner of datatrove's ``PipelineStep``, but a step owns no mutable statistics:
-each call of ``run`` builds its own :class:`StepStats` and returns it as the generator's
+each call of ``run`` builds its own :class:`StageStats` and returns it as the generator's
 return value, so per-rank numbers can never leak into each other.
 """
 
@@ -10,9 +10,9 @@ from __future__ import annotations
 import time
 from collections.abc import Generator, Iterable, Iterator
 
-from data.records import FileRecord, StepStats
+from data.records import FileRecord, StageStats
 
-StepRun = Generator[FileRecord, None, StepStats]
+StepRun = Generator[FileRecord, None, StageStats]
 
 
 class Step:
@@ -24,13 +24,13 @@ class Step:
 
     name: str = "step"
 
-    def process(self, record: FileRecord, stats: StepStats) -> str | None:
+    def process(self, record: FileRecord, stats: StageStats) -> str | None:
         """Handle one live record in place; return a drop reason, or None to keep it."""
         raise NotImplementedError
 
     def run(self, records: Iterable[FileRecord], rank: int = 0, world_size: int = 1) -> StepRun:
         """Process ``records`` (this shard's share), yielding each one; return stats."""
-        stats = StepStats(self.name)
+        stats = StageStats(self.name)
         clock, cpu = time.perf_counter, time.thread_time
         for rec in records:
             if rec.drop_stage:
@@ -58,12 +58,12 @@ class BatchStep(Step):
 
     batch_size: int = 512
 
-    def process_batch(self, records: list[FileRecord], stats: StepStats) -> None:
+    def process_batch(self, records: list[FileRecord], stats: StageStats) -> None:
         """Handle a batch of live records in place; drop with ``record.drop``."""
         raise NotImplementedError
 
     def run(self, records: Iterable[FileRecord], rank: int = 0, world_size: int = 1) -> StepRun:
-        stats = StepStats(self.name)
+        stats = StageStats(self.name)
         buf: list[FileRecord] = []
 
         def flush() -> Iterator[FileRecord]:
@@ -97,7 +97,7 @@ class BatchStep(Step):
 def chain(
     steps: list[Step],
     records: Iterable[FileRecord],
-    sink: list[StepStats],
+    sink: list[StageStats],
     rank: int = 0,
     world_size: int = 1,
 ) -> Iterator[FileRecord]:

@@ -112,3 +112,9 @@ def _gpl_text() -> str:
             if "GNU GENERAL PUBLIC LICENSE" in text and "Version 3" in text[:400]:
                 return text
     return (Path(sys.base_prefix) / "lib" / "python3.11" / "LICENSE.txt").read_text()
+
+
+@pytest.fixture(autouse=True)
+def _shared_pii_secret(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One PII HMAC key for every build of a test, so two output folders compare equal."""
+    monkeypatch.setenv("DATA_PII_SECRET", "5e" * 32)

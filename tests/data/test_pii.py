@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
+from data.config import PII_TYPES, PIIConfig
 from data.pii import PIIDetector, evaluate, luhn_ok
 
 CASES = [json.loads(x) for x in Path(__file__).with_name("pii_labelled.jsonl").read_text()
@@ -21,7 +26,7 @@ def test_labelled_set_is_large_enough() -> None:
 
 
 def test_precision_recall_targets() -> None:
-    report = evaluate(CASES)
+    report = evaluate(CASES, PIIDetector(PIIConfig(types=PII_TYPES)))  # phones opted in
     errors = report.pop("_errors")
     print("PII precision/recall:", {k: (round(v["precision"], 3), round(v["recall"], 3))
                                     for k, v in report.items()})
@@ -37,7 +42,8 @@ def test_redaction_consistent_and_log_has_no_values() -> None:
             'v6 = "2a03:2880:f12f:83:face:b00c::25de"\n'
             'mail = "jane.roe@acme-corp.io"  # and again jane.roe@acme-corp.io\n'
             'KEY = "ghp_aB3dE5fG7hJ9kL1mN3pQ5rS7tU9vW1xY3zA5"\npassword = "Tr0ub4dor&3"\n')
-    out, log = PIIDetector().redact(text)
+    key = b"k" * 32
+    out, log = PIIDetector().redact(text, secret=key)
     assert "93.184.216.34" not in out and "jane.roe" not in out and "ghp_" not in out
     lines = out.splitlines()
     ip_a = lines[0].split('"')[1]
@@ -49,10 +55,42 @@ def test_redaction_consistent_and_log_has_no_values() -> None:
     blob = json.dumps(log)
     for secret in ("93.184.216.34", "jane.roe@acme-corp.io", "Tr0ub4dor&3"):
         assert secret not in blob
-        assert hashlib.sha256(secret.encode()).hexdigest()[:16] in blob
+        assert hashlib.sha256(secret.encode()).hexdigest()[:16] not in blob  # no bare hash
+        assert hmac.new(key, secret.encode(), hashlib.sha256).hexdigest() in blob
+    # Another build's key gives other digests: the log cannot be joined across builds.
+    other = {e["hmac"] for e in PIIDetector().redact(text, secret=b"x" * 32)[1]}
+    assert other.isdisjoint(e["hmac"] for e in log)
     first = log[0]
     assert text[first["start"]:first["end"]] == "93.184.216.34"
 
 
 def test_luhn() -> None:
     assert luhn_ok("4111111111111111") and not luhn_ok("4111111111111112")
+
+
+def test_redact_command_matches_the_stage_and_reads_env() -> None:
+    text = ("DB_PASSWORD=Maple42!river\nmail = 'jane.roe@acme-corp.io'\n"
+            '"integrity": "sha512-ZGVhZGJlZWZkZWFkYmVlZmRlYWRiZWVmZGVhZGJlZWY="\n')
+    cmd = [sys.executable, "-m", "data", "redact"]
+    out = subprocess.run(cmd, input=text, capture_output=True, text=True, check=True).stdout
+    assert out == PIIDetector().redact(text)[0]
+    assert "DB_PASSWORD=<PASSWORD>" in out and "<EMAIL>" in out  # the label survives
+    env = dict(os.environ, PII_PATH="web/package-lock.json", PII_LANG="JSON")
+    locked = subprocess.run(cmd, input=text, capture_output=True, text=True, check=True,
+                            env=env).stdout
+    assert locked == PIIDetector().redact(text, path="web/package-lock.json")[0]
+    assert "sha512-ZGVh" in locked
+
+
+def test_import_pii_does_not_load_the_pipeline() -> None:
+    code = ("import sys, data.pii; bad = [m for m in ('data.pipeline', 'pyarrow', 'tokenizers',"
+            " 'jaxcore') if m in sys.modules]; print(bad)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout.strip()
+    assert out == "[]"
+
+
+def test_phones_are_off_by_default() -> None:
+    text = "c            299 792 458          m s^-1\ncall (555) 234-5678 or +1 415 555 2671\n"
+    assert all(f.kind != "phone" for f in PIIDetector().find(text))
+    assert any(f.kind == "phone" for f in PIIDetector(PIIConfig(types=PII_TYPES)).find(text))

@@ -1,0 +1,764 @@
+"""Secret detection rule families: provider formats, keyed values, flags, headers, DSNs, calls.
+
+A secret shows up in code in a handful of *syntaxes*, whatever the language: a value
+assigned to a key-like name (quoted or bare: env, INI, YAML, ``export``, properties,
+connection strings, XML attributes), a command-line flag, an HTTP auth scheme, a URL's
+query string or userinfo, a positional argument of a login/connect call, a keyword-less
+form (``IDENTIFIED BY``, ``define('DB_PASS', ...)``, ``<password>...</password>``,
+Gradle's ``storePassword '...'``), or a provider's own token format. Each family below
+is one regex plus the same value checks, so a new language costs nothing.
+
+The value checks are what keeps precision: placeholders and documentation examples,
+references (``$X``, ``${X}``, ``os.environ[...]``), identifiers and file paths, regex
+patterns, URLs, the well-known example JWT and AWS's documented example keys are never
+secrets. Provider formats are the providers' documented ones as collected by gitleaks
+(``cmd/generate/config/rules/*.go``; rule ids named below) and detect-secrets' plugins.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+import string
+from collections.abc import Iterator
+
+from detect_secrets.plugins.high_entropy_strings import Base64HighEntropyString
+
+# -- provider formats (gitleaks rule ids in comments) ------------------------------------
+PROVIDER_PATTERNS = [
+    re.compile(p)
+    for p in (
+        r"\bgithub_pat_\w{82}\b",  # github-fine-grained-pat
+        r"\bgh[pousr]_[0-9A-Za-z]{36}\b",  # github-pat, github-oauth, github-app-token
+        r"\bglpat-[\w-]{20}\b",  # gitlab-pat
+        r"\bsk-(?:proj|svcacct|admin)-[\w-]{40,}T3BlbkFJ[\w-]{40,}",  # openai-api-key
+        r"\bsk-[A-Za-z0-9]{20}T3BlbkFJ[A-Za-z0-9]{20}\b",  # openai-api-key (legacy)
+        r"\bsk-ant-(?:api03|admin01)-[\w-]{93}AA\b",  # anthropic-api-key
+        r"\bAIza[\w-]{35}(?![\w-])",  # gcp-api-key
+        # stripe-access-token, one pattern per prefix so each is gated on its own literal
+        *(
+            rf"\b{kind}_{env}_[0-9A-Za-z]{{10,99}}\b"
+            for kind in ("sk", "rk")
+            for env in ("test", "live", "prod")
+        ),
+        r"\bwhsec_[0-9A-Za-z]{32,}\b",  # Stripe webhook signing secret
+        r"\bhf_[A-Za-z]{34}\b",  # huggingface-access-token
+        r"\bapi_org_[A-Za-z]{34}\b",  # huggingface-organization-api-token
+        r"\bshp(?:at|ss|ca|pa)_[0-9A-Fa-f]{32}\b",  # shopify-*-token
+        r"\bhvs\.[\w-]{90,120}(?![\w-])",  # vault-service-token
+        r"\bhvb\.[\w-]{138,300}(?![\w-])",  # vault-batch-token
+        r"(?<![\w.])s\.[A-Za-z0-9]{24}(?![\w.])",  # vault-service-token (legacy; filtered)
+        r"\bxox[baprse]-[0-9A-Za-z-]{10,}",  # slack-*-token
+        r"\bnpm_[A-Za-z0-9]{36}\b",  # npm-access-token
+        r"\b(?:A3T[A-Z0-9]|AKIA|ASIA|ABIA|ACCA)[A-Z2-7]{16}\b",  # aws-access-token
+        r"\bSG\.[\w-]{22}\.[\w-]{43}\b",  # sendgrid-api-token
+        r"\bdop_v1_[a-f0-9]{64}\b",  # digitalocean-pat
+        r"\bdapi[a-f0-9]{32}(?:-\d)?\b",  # databricks-api-token
+        r"\bpypi-AgEIcHlwaS5vcmc[\w-]{50,}",  # pypi-upload-token
+        r"\bSK[0-9a-fA-F]{32}\b",  # twilio-api-key
+        r"\bdp\.pt\.[a-z0-9]{43}\b",  # doppler-api-token
+        r"\blin_api_[a-z0-9]{40}\b",  # linear-api-key
+        r"\bPMAK-[a-f0-9]{24}-[a-f0-9]{34}\b",  # postman-api-token
+        r"\bAGE-SECRET-KEY-1[02-9AC-HJ-NP-Z]{58}\b",  # age-secret-key
+        r"\beyJ[\w-]{8,}\.eyJ[\w-]{8,}\.[\w-]{16,}",  # jwt
+    )
+]
+# Literal prefixes of the formats above: a text without any skips them all.
+PROVIDER_HINTS = (
+    "github_pat_",
+    "gh",
+    "glpat-",
+    "sk-",
+    "AIza",
+    "_test_",
+    "_live_",
+    "_prod_",
+    "whsec_",
+    "hf_",
+    "api_org_",
+    "shp",
+    "hvs.",
+    "hvb.",
+    "s.",
+    "xox",
+    "npm_",
+    "A3T",
+    "AKIA",
+    "ASIA",
+    "ABIA",
+    "ACCA",
+    "SG.",
+    "dop_v1_",
+    "dapi",
+    "pypi-",
+    "SK",
+    "dp.pt.",
+    "lin_api_",
+    "PMAK-",
+    "AGE-SECRET-KEY-1",
+    "eyJ",
+)
+# jwt.io's example token (HS256, "John Doe", iat 1516239022), in countless tutorials.
+EXAMPLE_JWT_SIGNATURES = ("SflKxwRJSMeKKF2QT4fwpMeJf36POk6yJV_adQssw5c",)
+EXAMPLE_JWT_PAYLOAD = "eyJzdWIiOiIxMjM0NTY3ODkwIiwibmFtZSI6IkpvaG4gRG9lIiwiaWF0IjoxNTE2MjM5MDIyfQ"
+
+# -- names -------------------------------------------------------------------------------
+_PARTS = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+")
+PASSWORD_PARTS = frozenset({"password", "passwd", "passphrase", "pwd", "pass", "pw", "passw"})
+SECRET_PARTS = frozenset(
+    {
+        "token",
+        "secret",
+        "apikey",
+        "credential",
+        "credentials",
+        "cred",
+        "creds",
+        "auth",
+        "authtoken",
+        "accesstoken",
+        "secretkey",
+        "privatekey",
+        "sas",
+        "signature",
+        "sig",
+    }
+)
+KEY_QUALIFIERS = frozenset(
+    {
+        "api",
+        "secret",
+        "access",
+        "private",
+        "app",
+        "master",
+        "signing",
+        "encryption",
+        "client",
+        "account",
+        "license",
+        "subscription",
+        "service",
+        "admin",
+        "consumer",
+        "shared",
+        "deploy",
+        "x",
+        "session",
+        "jwt",
+        "hmac",
+        "crypto",
+        "cipher",
+        "storage",
+        "maps",
+        "google",
+    }
+)
+# Parts that make a name describe a secret rather than hold one (a path, a length, a type).
+META_PARTS = frozenset(
+    {
+        "file",
+        "files",
+        "path",
+        "dir",
+        "url",
+        "uri",
+        "endpoint",
+        "name",
+        "names",
+        "type",
+        "env",
+        "var",
+        "field",
+        "length",
+        "len",
+        "count",
+        "max",
+        "min",
+        "id",
+        "ids",
+        "prefix",
+        "header",
+        "label",
+        "format",
+        "pattern",
+        "re",
+        "regex",
+        "rx",
+        "validator",
+        "valid",
+        "hint",
+        "policy",
+        "expiry",
+        "expires",
+        "expiration",
+        "expire",
+        "ttl",
+        "timeout",
+        "lifetime",
+        "limit",
+        "size",
+        "kind",
+        "mode",
+        "hash",
+        "hashed",
+        "digest",
+        "sha",
+        "checksum",
+        "confirmation",
+        "confirm",
+        "reset",
+        "placeholder",
+        "input",
+        "prompt",
+        "template",
+        "message",
+        "msg",
+        "error",
+        "required",
+        "column",
+        "next",
+        "page",
+        "cursor",
+        "pagination",
+        "continuation",
+        "marker",
+        "sync",
+        "schema",
+        "algorithm",
+        "alg",
+        "bits",
+        "version",
+        "public",
+        "pub",
+        "stdin",
+        "command",
+        "cmd",
+        "provider",
+        "manager",
+        "vault",
+        "location",
+        "ref",
+        "reference",
+        "source",
+        "strength",
+        "rule",
+        "rules",
+        "old",
+        "new",
+        "change",
+        "forgot",
+        "retype",
+        "repeat",
+        "help",
+        "text",
+        "cache",
+        "method",
+        "methods",
+        "scheme",
+        "handler",
+        "class",
+        "style",
+        "icon",
+        "button",
+        "link",
+        "view",
+        "form",
+        "widget",
+        "reader",
+        "parser",
+        "generator",
+        "gen",
+        "callback",
+        "fn",
+        "func",
+        "is",
+        "has",
+        "use",
+        "enable",
+        "enabled",
+        "disable",
+        "show",
+        "hide",
+        "allow",
+        "check",
+        "verify",
+        "test",
+        "tests",
+        "mock",
+        "fake",
+        "dummy",
+        "example",
+        "sample",
+        "types",
+        "spec",
+        "state",
+        "status",
+        "tokens",
+        "tokenizer",
+        "usage",
+        "budget",
+        "rate",
+        "window",
+        "num",
+        "index",
+    }
+)
+
+
+@functools.lru_cache(maxsize=65536)
+def name_kind(name: str) -> str | None:
+    """``password``, ``key`` or None for a variable/key/flag/header name."""
+    parts = [p.lower() for p in _PARTS.findall(name)]
+    if not parts:
+        return None
+    low = name.lower()
+    if parts[0] in ("set", "get", "with") and len(parts) > 1:
+        parts = parts[1:]  # setPassword(...), withToken(...)
+    if any(p in META_PARTS for p in parts):
+        return None
+    if any(p in PASSWORD_PARTS for p in parts) or "password" in low or "passwd" in low:
+        return "password"
+    if any(p in SECRET_PARTS for p in parts) or "apikey" in low or "secretkey" in low:
+        return "key"
+    for i, p in enumerate(parts):
+        if p == "key" and i > 0 and parts[i - 1] in KEY_QUALIFIERS:
+            return "key"
+    return None
+
+
+# -- values ------------------------------------------------------------------------------
+DOC_PASSWORDS = frozenset(
+    {
+        "changeme",
+        "change_me",
+        "changeit",
+        "password",
+        "passw0rd",
+        "p@ssw0rd",
+        "p@ssword",
+        "hunter2",
+        "secret",
+        "s3cr3t",
+        "mysecretpassword",
+        "mypassword",
+        "yourpassword",
+        "example",
+        "postgres",
+        "root",
+        "toor",
+        "admin",
+        "admin123",
+        "administrator",
+        "test",
+        "test123",
+        "testing",
+        "123456",
+        "1234",
+        "12345",
+        "12345678",
+        "123456789",
+        "qwerty",
+        "letmein",
+        "pass",
+        "pass123",
+        "password1",
+        "password123",
+        "foobar",
+        "foo",
+        "bar",
+        "baz",
+        "xxx",
+        "guest",
+        "default",
+        "demo",
+        "sample",
+        "dummy",
+        "welcome",
+        "abc123",
+        "secret123",
+        "mysql",
+        "oracle",
+        "sa",
+        "user",
+        "username",
+        "pwd",
+        "passwd",
+        "none",
+        "null",
+        "nil",
+        "true",
+        "false",
+        "undefined",
+        "str",
+        "string",
+        "int",
+        "bytes",
+        "bool",
+        "required",
+        "optional",
+        "empty",
+        "blank",
+        "mypass",
+        "mysecret",
+        "supersecret",
+        "topsecret",
+        "redis",
+        "rabbitmq",
+        "guest123",
+        "tiger",
+        "scott",
+        "qwerty123",
+        "iloveyou",
+        "monkey",
+        "dragon",
+        "sekret",
+        "secretpassword",
+        "dbpassword",
+        "db_password",
+        "the_password",
+        "your_password",
+        "new_password",
+        "old_password",
+        "str_password",
+        "getpass",
+        "input",
+        "env",
+        "self",
+    }
+)
+PLACEHOLDER = re.compile(
+    r"(?i)your[-_ ]?|example|dummy|placeholder|change.?me|x{4,}|\*{3,}|sample|fake|insert|"
+    r"replace|redacted|todo|xmpl|<[^>]*>|\$\{|\$\(|\{\{|%\(\w*\)s|^%[sd]$|\.\.\.|^\$\w+$|^%\w+%$|"
+    r"^\{[\w.]*\}$|"
+    r"\benv\b|getenv|environ|process\.env|secrets\.|vault:|^@|^<|^\[|"
+    r"(.)\1{5,}"
+)
+# A regex: a group construct, a class escape, a ranged class, a counted repeat, or
+# both anchors (one anchor alone is a plausible password character).
+REGEX_LIKE = re.compile(r"\(\?[=!:<i]|\\[dwsSWD]|\[[^\]]*-[^\]]*\]|\{\d+,\d*\}|^\^.*\$$")
+PATH_LIKE = re.compile(
+    r"^(?:/|~/|\./|\.\./|[A-Za-z]:\\)|^[a-z0-9_.-]+(?:/[a-z0-9_.-]+)+/?$|"
+    r"^[\w.-]+\.(?:py|js|json|txt|pem|key|crt|cer|yaml|yml|env|ini|cfg|conf|"
+    r"toml|xml|p12|pfx|jks|der|gpg|asc|secret|token)$"
+)
+IDENTIFIER = re.compile(
+    r"^(?:[a-z]+(?:_[a-z0-9]+)+|[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+|"
+    r"[a-z]+(?:[A-Z][a-z]+)*(?:\.[a-z]\w*)*|[a-z]+(?:-[a-z]+)+)$"
+)
+# Words in CamelCase, dotted or not (LastEvaluatedKey, InvalidationList.NextMarker): a name.
+_WORD = r"(?:[A-Z][a-z]{2,}|[A-Z]{2,5}(?=[A-Z][a-z]|\.|$))"
+_CAMEL = rf"(?:[a-z]{{2,}}|{_WORD})(?:{_WORD})*"
+CAMEL_WORDS = re.compile(rf"^{_CAMEL}(?:\.{_CAMEL})*$")
+_ENTROPY = Base64HighEntropyString()
+
+
+def shannon_entropy(value: str) -> float:
+    """detect-secrets' Shannon entropy in bits per character."""
+    return float(_ENTROPY.calculate_shannon_entropy(value))
+
+
+def is_reference_or_placeholder(value: str) -> bool:
+    """A placeholder, documentation example, variable reference, regex or path."""
+    v = value.strip()
+    low = v.lower()
+    if not v or low in DOC_PASSWORDS or PLACEHOLDER.search(v) or REGEX_LIKE.search(v):
+        return True
+    if EXAMPLE_JWT_PAYLOAD in v or any(sig in v for sig in EXAMPLE_JWT_SIGNATURES):
+        return True
+    if PATH_LIKE.search(v) or v.startswith(("http://", "https://")):
+        return True
+    return len(set(v)) <= 2
+
+
+def password_value_ok(value: str, name: str = "") -> bool:
+    """Whether a value assigned to a password name is a real-looking password."""
+    v = value.strip()
+    if not 4 <= len(v) <= 128 or " " in v or is_reference_or_placeholder(v):
+        return False
+    if name and v.lower() == name.lower():
+        return False
+    if IDENTIFIER.match(v) and (name_kind(v) is not None or "_" in v or "." in v):
+        return False  # another variable: password=db_password, pwd=self.pw
+    return not v.isdigit() or len(v) >= 8
+
+
+def key_value_ok(value: str, hexbar: float = 3.0, b64bar: float = 4.0) -> bool:
+    """Whether a value assigned to a key/token/secret name is secret-looking (entropy)."""
+    v = value.strip()
+    if not 16 <= len(v) <= 1024 or " " in v or is_reference_or_placeholder(v):
+        return False
+    if IDENTIFIER.match(v) or CAMEL_WORDS.match(v) or not any(c.isalpha() for c in v):
+        return False
+    letters = [c for c in v if c.isalpha()]
+    if (
+        not any(c.isdigit() for c in v)
+        and (v.islower() or v.isupper())
+        and len(letters) == len(v.replace("-", "").replace("_", ""))
+    ):
+        return False  # one-case words (my-ssh-key, users_list): names, not secrets
+    hexlike = re.fullmatch(r"[0-9a-fA-F]+", v) is not None
+    if hexlike and len(v) < 32:
+        return False  # under 128 bits of hex: ids and short hashes
+    bar = min(hexbar if hexlike else b64bar, 0.8 * math.log2(len(v)))
+    return shannon_entropy(v) >= bar
+
+
+def provider_value_ok(value: str) -> bool:
+    """Filters for provider-format matches: example keys, jwt.io's token, weak legacy forms."""
+    if PLACEHOLDER.search(value) or "EXAMPLE" in value:
+        return False
+    if value.startswith("eyJ") and (
+        EXAMPLE_JWT_PAYLOAD in value or any(s in value for s in EXAMPLE_JWT_SIGNATURES)
+    ):
+        return False
+    if value.startswith("s."):  # gitleaks' filter for the legacy Vault form
+        body = value[2:]
+        return shannon_entropy(body) > 3.5 and any(c.isdigit() for c in body) and not body.isalpha()
+    return True
+
+
+# -- syntaxes ----------------------------------------------------------------------------
+_Q = r"""(?P<q>["'`])(?P<qv>[^"'`\n]{1,1024})(?P=q)"""
+_BARE = r"""(?P<bv>[^\s"'`<>\[\]{}|]{1,1024})"""
+_VALUE = rf"(?:(?:[bru]|new String\(|[\w.]*getenv\([^)]*,\s*)?{_Q}|{_BARE})"
+# The name-bearing syntaxes are matched from the end of a key-like name found by
+# TRIGGER (a literal search on the lowered line), never by scanning every "x = y":
+# name [quote/bracket] sep value: env, INI, YAML, export, properties, JSON, code, XML
+# attributes, connection strings (Password=...;), JDBC/URL queries (&password=...).
+ASSIGN_TAIL = re.compile(r"[\"'\]]{0,2}\s*(?P<sep>=>|:=|\?\?=|<-|=(?!=)|:(?!:)|->)\s*" + _VALUE)
+# Setters: setPassword("x"), password.set("x"), withApiKey("x").
+SETTER_TAIL = re.compile(r"(?:\.set|\.setValue)?\(\s*" + _Q + r"\s*\)")
+# "name", "value" pairs: PHP define(), setenv(), .set("password", ...), env["NAME"] = "...".
+PAIR_TAIL = re.compile(r"""["']\s*(?:,|\]\s*=)\s*""" + _Q)
+# Gradle/Groovy DSL, SQL "PASSWORD 'x'": a name, spaces, then a quoted value.
+DSL_TAIL = re.compile(r"[ \t]+" + _Q)
+# Command-line flags: --password x, --token=x, -Password x.
+FLAG_TAIL = re.compile(r"(?:=|[ \t]+)(?![-$])" + _VALUE)
+# <password>x</password>, <apiKey>x</apiKey>
+ELEMENT_TAIL = re.compile(r">(?P<bv>[^<>\s]{3,1024})</")
+# <add key="ApiKey" value="x"/>, <property name="db.password" value="x"/>
+KEYVALUE_TAIL = re.compile(r"""["']\s+value\s*=\s*["'](?P<bv>[^"']{1,1024})["']""")
+KEYVALUE_HEAD = re.compile(r"""\b(?:key|name)\s*=\s*["']$""")
+TRIGGER = re.compile(r"pass|pwd|pw|token|secret|key|cred|auth|sig|sas")
+_NAME_CHARS = frozenset(string.ascii_letters + string.digits + "_.-")
+# .netrc: machine host login user password value
+NETRC = re.compile(r"\blogin\s+\S+\s+password\s+(?P<bv>\S+)")
+# Short -p/-a flags only for tools where they mean a password (mysql -pX, sshpass -p X,
+# docker login -p X, redis-cli -a X).
+SHORT_FLAG_TOOLS = re.compile(
+    r"(?i)\b(?:mysql\w*|mariadb|sshpass|docker|podman|redis-cli|"
+    r"mongo\w*|htpasswd|smbclient|sqlcmd|ftp|lftp|curl|wget)\b"
+)
+SHORT_FLAG = re.compile(r"(?<![\w-])-(?P<flag>[pPa])[ \t]*" + _VALUE)
+# HTTP auth schemes; Authorization's value is the scheme's credential.
+AUTH_SCHEME = re.compile(
+    r"(?i)\b(?P<scheme>Bearer|Token|Basic|Bot|SSWS|Digest|ApiKey|Key)[ \t]+"
+    r"(?P<bv>[A-Za-z0-9._~+/=-]{16,})"
+)
+# Positional passwords of CLI tools: htpasswd -b file user PASSWORD, chpasswd "user:PW".
+CLI_POSITIONAL = re.compile(r"\bhtpasswd\s+-\w*b\w*\s+(?:-\w+\s+)*\S+\s+\S+\s+(?P<bv>\S+)")
+# Query strings: ?access_token=x&...
+QUERY = re.compile(r"[?&](?P<name>[\w.-]{1,40})=(?P<bv>[^&\s\"'<>)`]{8,})")
+QUERY_KEY_NAMES = frozenset({"key", "sig"})
+# URL userinfo, with or without a user: scheme://user:pass@host, redis://:pass@host.
+USERINFO = re.compile(
+    r"\b[a-z][\w+.-]{1,20}://(?P<u>[^:/?#@\s\"']*):(?P<bv>[^\s/\"']{1,128})@"
+    r"(?=[\w\[])"
+)
+GO_DSN = re.compile(r"(?<![\w/])[\w.-]+:(?P<bv>[^@\s:/\"']{1,128})@(?:tcp|unix)\(")
+IDENTIFIED_BY = re.compile(
+    r"(?i)\bidentified\s+(?:with\s+\w+\s+)?by\s+(?:password\s+)?"
+    r"(?:" + _Q + r"|(?P<bv>[^\s;'\"]+))"
+)
+# Calls that take credentials positionally; name -> index of the password argument
+# (2-argument calls: the second; longer ones: the third: host/url/dsn, user, password).
+LOGIN_CALL = re.compile(
+    r"(?i)(?:\b|_)(?P<fn>login|logon|signin|sign_in|auth|authenticate|"
+    r"basicauth|httpbasicauth|httpdigestauth|plainauth|credentials?|"
+    r"networkcredential|bind|bind_s|simple_bind|simple_bind_s|connect|"
+    r"mysqli_connect|mysql_connect|pg_connect|getconnection|pdo|"
+    r"passwordauthentication|usernamepasswordcredentials)\s*\(|"
+    r"\bauth\s*=\s*\("
+)
+_STR = re.compile(r"""\s*(?:[bru]?(["'])((?:(?!\1).){0,256})\1|([^,()"']*))\s*""")
+
+
+_CALL_LIKE = re.compile(r"^[\w.]+\(|^\w+(?:\.\w+)+$")
+
+
+def _value(m: re.Match[str], query: bool = False) -> tuple[str, int, int, bool] | None:
+    """(value, start, end, quoted) of a match's value group.
+
+    A bare value ends at ``;`` (connection strings), at ``&`` in a query string, and
+    loses trailing ``,)`` (argument lists); a bare call or dotted name is code.
+    """
+    gd = m.groupdict()
+    if gd.get("qv") is not None:
+        return m.group("qv"), m.start("qv"), m.end("qv"), True
+    if gd.get("bv") is None:
+        return None
+    v, start = m.group("bv"), m.start("bv")
+    before = m.string[max(0, m.start() - 1) : m.start()]
+    cut = [v.find(";")] + ([v.find("&")] if query or before in ("?", "&") else [])
+    cut = [c for c in cut if c >= 0]
+    if cut:
+        v = v[: min(cut)]
+    v = v.rstrip(",);:")
+    if not v or _CALL_LIKE.match(v):
+        return None
+    return v, start, start + len(v), False
+
+
+def _args(text: str, pos: int, end: int) -> list[tuple[str, int, int, bool]]:
+    """Top-level arguments of a call whose "(" ends at ``pos`` (same line)."""
+    out = []
+    i = pos
+    while i < end:
+        m = _STR.match(text, i, end)
+        if m is None or (m.end() == i and i < end and text[i] not in ",)"):
+            return []
+        if m.group(2) is not None:
+            out.append((m.group(2), m.start(2), m.end(2), True))
+        else:
+            out.append((m.group(3).strip(), m.start(3), m.end(3), False))
+        i = m.end()
+        if i >= end or text[i] == ")":
+            break
+        if text[i] != ",":
+            return []  # a nested call or expression: too complex to read positionally
+        i += 1
+    return out
+
+
+Hit = tuple[str, int, int, str]  # kind, start, end, value
+
+
+def find_secrets(text: str, lines: list[tuple[int, int]]) -> Iterator[Hit]:
+    """Keyed, flag, header, query, DSN, call and keyword-less secrets on the given lines."""
+    for s, e in lines:
+        yield from _line_secrets(text, s, e)
+
+
+def _line_secrets(text: str, s: int, e: int) -> Iterator[Hit]:
+    line = text[s:e]
+    low = line.lower()
+    yield from _named_secrets(text, s, e, low)
+    if ("-p" in low or "-a" in low) and SHORT_FLAG_TOOLS.search(line):
+        for m in SHORT_FLAG.finditer(text, s, e):
+            if m.group("flag") == "a" and "redis" not in low:
+                continue
+            yield from _judge("password", _value(m), "")
+    for rx, needle in (
+        (USERINFO, "://"),
+        (GO_DSN, "@tcp("),
+        (GO_DSN, "@unix("),
+        (NETRC, "login"),
+        (IDENTIFIED_BY, "identified"),
+        (CLI_POSITIONAL, "htpasswd"),
+    ):
+        if needle in low:
+            for m in rx.finditer(text, s, e):
+                yield from _judge("password", _value(m), "")
+    authish = "auth" in low
+    if authish or "bearer" in low:
+        for m in AUTH_SCHEME.finditer(text, s, e):
+            v, scheme = m.group("bv"), m.group("scheme").lower()
+            if scheme != "bearer" and not authish:
+                continue  # "token abc..." in prose; Authorization: Token abc... is a header
+            if key_value_ok(v) or (
+                scheme == "basic" and len(v) >= 12 and not is_reference_or_placeholder(v)
+            ):
+                yield "key", m.start("bv"), m.end("bv"), v
+    if ("?" in line or "&" in line) and "=" in line:
+        for m in QUERY.finditer(text, s, e):
+            name = m.group("name")
+            kind = "key" if name.lower() in QUERY_KEY_NAMES else name_kind(name)
+            yield from _judge(kind, _value(m, query=True), name)
+    if any(w in low for w in LOGIN_WORDS):
+        yield from _login_calls(text, s, e)
+
+
+LOGIN_WORDS = ("login", "logon", "sign", "auth", "credential", "bind", "connect", "pdo")
+
+
+def _login_calls(text: str, s: int, e: int) -> Iterator[Hit]:
+    for m in LOGIN_CALL.finditer(text, s, e):
+        close = text.find(")", m.end(), e)
+        args = _args(text, m.end(), e if close < 0 else close + 1)
+        positional = [
+            a for a in args if "=" not in text[a[1] - 1 : a[1]] and not (not a[3] and "=" in a[0])
+        ]
+        if len(positional) < 2 or (len(positional) != len(args) and len(positional) < 3):
+            continue
+        pw = positional[1] if len(positional) == 2 else positional[2]
+        if pw[3]:
+            yield from _judge("password", pw, "")
+
+
+def _named_secrets(text: str, s: int, e: int, low: str) -> Iterator[Hit]:
+    """Values of key-like names: each TRIGGER hit is widened to its name, then the
+    syntaxes that can follow a name are tried at its end (``re.match``, no scan)."""
+    seen: set[int] = set()
+    for t in TRIGGER.finditer(low):
+        a, b = s + t.start(), s + t.end()
+        while a > s and text[a - 1] in _NAME_CHARS:
+            a -= 1
+        while b < e and text[b] in _NAME_CHARS:
+            b += 1
+        if b in seen:
+            continue
+        seen.add(b)
+        while a < b and text[a] in "-.":
+            a += 1  # --password: the dashes mark a flag, not the name
+        name = text[a:b]
+        kind = name_kind(name)
+        if kind is None:
+            continue
+        before = text[a - 1] if a > s else ""
+        if before == "-":
+            yield from _judge(kind, _value_at(FLAG_TAIL, text, b, e), name)
+            continue
+        if name.lower() != "authorization":  # "Scheme credential": AUTH_SCHEME reads it
+            in_query = before in ("?", "&")  # ?api_key=x&page=2: the value ends at "&"
+            yield from _judge(kind, _value_at(ASSIGN_TAIL, text, b, e, in_query), name)
+        yield from _judge(kind, _value_at(SETTER_TAIL, text, b, e), name)
+        if before in "\"'":
+            yield from _judge(kind, _value_at(PAIR_TAIL, text, b, e), name)
+            if KEYVALUE_HEAD.search(text, max(s, a - 12), a):
+                yield from _judge(kind, _value_at(KEYVALUE_TAIL, text, b, e), name)
+        elif before == "<":
+            m = ELEMENT_TAIL.match(text, b, e)
+            if m and text.startswith(name + ">", m.end()):
+                yield from _judge(kind, _value(m), name)
+        if _dsl_ok(text, s, a):
+            yield from _judge(kind, _value_at(DSL_TAIL, text, b, e), name)
+
+
+def _value_at(
+    rx: re.Pattern[str], text: str, pos: int, end: int, query: bool = False
+) -> tuple[str, int, int, bool] | None:
+    m = rx.match(text, pos, end)
+    return _value(m, query) if m else None
+
+
+def _dsl_ok(text: str, line_start: int, start: int) -> bool:
+    """DSL form only at the start of a statement: ``storePassword 'x'``, ``PASSWORD 'x'``."""
+    before = text[line_start:start].rstrip()
+    return (
+        not before
+        or before.endswith(("{", ";", "WITH", "LOGIN", "with", "login"))
+        or (before.upper().endswith(("LOGIN", "WITH")))
+    )
+
+
+def _judge(kind: str | None, val: tuple[str, int, int, bool] | None, name: str) -> Iterator[Hit]:
+    if kind is None or val is None:
+        return
+    v, start, end, _quoted = val
+    if kind == "password":
+        if password_value_ok(v, name):
+            yield "password", start, end, v
+    elif key_value_ok(v):
+        yield "key", start, end, v

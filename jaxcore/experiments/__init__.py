@@ -18,11 +18,11 @@ from jaxcore.experiments.config import (
     load_config,
     parse_config,
 )
-from jaxcore.experiments.context import Trial, TrialContext
 from jaxcore.experiments.early_stopping import EarlyStopping, make_pruner
 from jaxcore.experiments.experiment import ExperimentLoop, Summary
 from jaxcore.experiments.registry import Registry
 from jaxcore.experiments.store import Store
+from jaxcore.experiments.trial_context import Trial, TrialContext
 
 
 def run_experiment(

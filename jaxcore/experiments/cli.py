@@ -99,7 +99,10 @@ def _exit_code(state: str) -> int:
 def _create(args: argparse.Namespace) -> int:
     from jaxcore.experiments.experiment import ExperimentLoop
 
+    from jaxcore.experiments.runner import check_entrypoint
+
     config = _config(args)  # validated before anything starts
+    check_entrypoint(config.entrypoint)  # importable and callable, before any store
     store = _store(args, config, create=True)
     loop = ExperimentLoop(
         config,
@@ -317,6 +320,9 @@ def _train(args: argparse.Namespace) -> int:
     s = config.searcher
     single = dataclasses.replace(s, name="single")
     config = dataclasses.replace(config, searcher=single)
+    from jaxcore.experiments.runner import check_entrypoint
+
+    check_entrypoint(config.entrypoint)
     store = _store(args, config, create=True)
     summary = ExperimentLoop(config, store=store, executor="inline").run()
     trial = summary.trials[0]

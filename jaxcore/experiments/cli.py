@@ -98,7 +98,6 @@ def _exit_code(state: str) -> int:
 # --------------------------------------------------------------------- experiment
 def _create(args: argparse.Namespace) -> int:
     from jaxcore.experiments.experiment import ExperimentLoop
-
     from jaxcore.experiments.runner import check_entrypoint
 
     config = _config(args)  # validated before anything starts

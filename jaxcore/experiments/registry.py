@@ -148,6 +148,8 @@ class Registry:
         )
         dst = self.directory / name / f"v{version}"
         dst.mkdir(parents=True, exist_ok=True)
+        if model_config is not None:  # what inference.LLM(<dir or file>) reads beside it
+            (dst / "config.json").write_text(json.dumps(model_config))
         if tokenizer is not None:
             copied = dst / pathlib.Path(tokenizer).name
             shutil.copy(tokenizer, copied)

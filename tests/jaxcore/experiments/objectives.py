@@ -171,12 +171,14 @@ def asha_ckpt(ctx) -> None:
 
 
 def tiny_preempted(ctx) -> None:
-    """The tiny LM, preempted once (marker file) right after step ``preempt_at``.
+    """The tiny LM, preempted once (marker file): ``preempt: "<how>@<step>"``.
 
-    ``how: flag`` sets the context's preemption flag, so the trial checkpoints the step
-    a second time (it already did at its validation) and exits 75; ``how: sigterm``
-    sends itself a real SIGTERM, which the Checkpointer acts on in the next save.
+    ``flag@4`` sets the context's preemption flag after step 4, a checkpoint step, so
+    the trial saves step 4 a second time (it did at its validation) and exits 75;
+    ``sigterm@6`` sends itself a real SIGTERM, which the Checkpointer acts on in the
+    save that follows (its `Preempted` exit).
     """
+    how, _, at = ctx.hparams["preempt"].partition("@")
     from jaxcore.experiments import tinylm
 
     marker = ctx.trial_dir / "preempted-once"
@@ -187,9 +189,9 @@ def tiny_preempted(ctx) -> None:
             f.write(f"{ctx.start_step}\n")
 
     def on_step(ctx, step):
-        if step == ctx.hparams["preempt_at"] and not marker.exists():
+        if step == int(at) and not marker.exists():
             marker.touch()
-            if ctx.hparams["how"] == "flag":
+            if how == "flag":
                 ctx._sigterm = True
             else:
                 os.kill(os.getpid(), signal.SIGTERM)

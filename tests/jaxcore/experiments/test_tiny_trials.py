@@ -39,7 +39,7 @@ def compile_cache(tmp_path_factory):
 
 
 @pytest.mark.slow
-def test_preemption_on_a_checkpoint_step_keeps_progress(tmp_path):
+def test_preemption_on_a_checkpoint_step_keeps_progress(tmp_path, monkeypatch):
     raw = {
         "name": "preempted",
         "entrypoint": entry("tiny_preempted"),
@@ -90,6 +90,9 @@ def test_preemption_on_a_checkpoint_step_keeps_progress(tmp_path):
     out = llm.generate("def ", max_tokens=4, temperature=0.0)
     assert len(out.tokens) == 4
     assert LLM(resolved.weights_path).config == llm.config  # config.json beside it
+    monkeypatch.setenv("JAXCORE_DB", store.url)
+    by_name = LLM("registry:tiny-preempted@production")  # the store from $JAXCORE_DB
+    assert by_name.generate("def ", max_tokens=4, temperature=0.0).tokens == out.tokens
     params = registry.load("tiny-preempted", "production", db=store.url)
     assert params  # the exported parameters read back
 

@@ -167,9 +167,14 @@ def now() -> datetime.datetime:
 
 
 def normalize_url(url: str) -> str:
-    """``postgresql://`` -> ``postgresql+psycopg://`` (psycopg 3 is the pinned driver)."""
+    """``postgresql://`` -> ``postgresql+psycopg://`` (psycopg 3 is the pinned driver);
+    a relative SQLite path -> absolute."""
     if url.startswith("postgresql://") or url.startswith("postgres://"):
         return "postgresql+psycopg://" + url.split("://", 1)[1]
+    if url.startswith("sqlite:///"):  # one spelling per file: trial processes match on it
+        path = url.removeprefix("sqlite:///")
+        if path and path != ":memory:" and not path.startswith("/"):
+            return "sqlite:///" + os.path.abspath(path)
     return url
 
 

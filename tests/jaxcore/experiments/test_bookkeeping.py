@@ -4,8 +4,9 @@ identity and discovery. Pure-Python trials: cheap."""
 
 from __future__ import annotations
 
-import os
 import pathlib
+import subprocess
+import sys
 
 import pytest
 import yaml
@@ -158,10 +159,14 @@ def test_a_live_loop_is_not_resumed_twice(raw_config):
     store = loop.store
     exp = store.experiment(loop.exp_id)
     assert not owner_alive(exp)  # this very process: an abandoned loop object
-    parent = f"{exp['owner'].rsplit(' ', 1)[0]} {os.getppid()}"  # a live process
-    store.update_experiment(loop.exp_id, owner=parent)
-    with pytest.raises(jc.ConfigError, match="live loop"):
-        ExperimentLoop(cfg, store=store, experiment_id=loop.exp_id, executor=DrivenExecutor())
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:  # a live Python process on this host owns it
+        store.update_experiment(loop.exp_id, owner=f"{exp['owner'].rsplit(' ', 1)[0]} {other.pid}")
+        with pytest.raises(jc.ConfigError, match="live loop"):
+            ExperimentLoop(cfg, store=store, experiment_id=loop.exp_id, executor=DrivenExecutor())
+    finally:
+        other.kill()
+        other.wait()
     dead = f"{exp['owner'].rsplit(' ', 1)[0]} {2**22 + 12345}"  # no such pid
     store.update_experiment(loop.exp_id, owner=dead, heartbeat=9e18)  # fresh heartbeat
     assert not owner_alive(store.experiment(loop.exp_id))  # the pid answers, not the beat

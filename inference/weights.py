@@ -105,6 +105,12 @@ def resolve(
                 "alone do not say the rotary base or norm epsilon."
             )
         return config, source
+    if isinstance(source, str) and source.startswith("registry:"):
+        # A model registered by jaxcore.experiments: weights and config from the store.
+        from jaxcore.experiments.registry import resolve as resolve_registered
+
+        found = resolve_registered(source)
+        return load_safetensors(found.weights_path, config or TransformerConfig(**found.config))
     if isinstance(source, str | Path):
         if str(source) in REGISTRY:
             cfg = config or REGISTRY[str(source)]()

@@ -17,7 +17,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("inference.server", "serve a model over an OpenAI-compatible HTTP API"),
     "train": ("jaxcore.experiments.cli", "run one trial of an experiment config"),
     "experiment": ("jaxcore.experiments.cli", "create, list, describe, pause, resume, kill"),
-    "trial": ("jaxcore.experiments.cli", "inspect trials (logs)"),
+    "trial": ("jaxcore.experiments.cli", "inspect trials (describe --metrics, logs)"),
     "model": ("jaxcore.experiments.cli", "the model registry: create, register, list"),
     "ui": ("jaxcore.ui.cli", "web dashboard: experiments, trials, models, datasets"),
 }

@@ -18,11 +18,17 @@ from jaxcore.experiments.config import (
     load_config,
     parse_config,
 )
-from jaxcore.experiments.context import Trial, TrialContext
 from jaxcore.experiments.early_stopping import EarlyStopping, make_pruner
 from jaxcore.experiments.experiment import ExperimentLoop, Summary
-from jaxcore.experiments.registry import Registry
+from jaxcore.experiments.registry import Registry, ResolvedModel
 from jaxcore.experiments.store import Store
+from jaxcore.experiments.trial_context import Trial, TrialContext
+from jaxcore.experiments.trial_executors import (
+    InlineTrialExecutor,
+    RayTrialExecutor,
+    SubprocessTrialExecutor,
+    TrialExecutor,
+)
 
 
 def run_experiment(
@@ -49,15 +55,20 @@ __all__ = [
     "EarlyStoppingConfig",
     "ExperimentConfig",
     "ExperimentLoop",
+    "InlineTrialExecutor",
     "Param",
+    "RayTrialExecutor",
     "Registry",
+    "ResolvedModel",
     "ResourcesConfig",
     "RetentionConfig",
     "SearcherConfig",
     "Store",
+    "SubprocessTrialExecutor",
     "Summary",
     "Trial",
     "TrialContext",
+    "TrialExecutor",
     "load_config",
     "make_pruner",
     "parse_config",

@@ -1,9 +1,13 @@
 """``jaxcore experiment|trial|model|train ...``: the experiments command line.
 
 ``main(argv)`` takes the full argv starting with the group name, e.g.
-``["experiment", "create", "x.yaml"]``. The database is ``--db URL``, else
-``$JAXCORE_DB_URL``, else (for commands given a config) the config's, else
-``sqlite:///experiments/jaxcore.db``.
+``["experiment", "create", "x.yaml"]``. The store is, in this order: ``--db URL``;
+``$JAXCORE_DB`` (or ``$JAXCORE_DB_URL``); the config's (``database:``, else
+``<workdir>/jaxcore.db``) for commands given a config (``--config`` for the others);
+else ``./experiments/jaxcore.db`` or ``./jaxcore.db`` if one exists. Every command says
+which store it uses (on stderr); commands that only read never create a database.
+Exit status: 0 done, 1 the experiment FAILED (or what was asked for does not exist),
+2 a configuration error.
 """
 
 from __future__ import annotations
@@ -11,29 +15,54 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pathlib
 import sys
-import time
 from typing import Any
 
-from jaxcore.errors import JaxcoreError
+from jaxcore.errors import ConfigError, JaxcoreError
 
-STALE_S = 10.0  # an experiment loop that has not beaten for this long is gone
+DISCOVERED = ("experiments/jaxcore.db", "jaxcore.db")
+
+
+def _env_db() -> str | None:
+    return os.environ.get("JAXCORE_DB") or os.environ.get("JAXCORE_DB_URL")
 
 
 def _db(args: argparse.Namespace, config: Any = None) -> str:
-    from jaxcore.experiments.registry import DEFAULT_DB
-
+    """The store's URL (see the module docstring for the order)."""
     if getattr(args, "db", None):
         return args.db
-    if os.environ.get("JAXCORE_DB_URL"):
-        return os.environ["JAXCORE_DB_URL"]
-    return config.database_url if config is not None else DEFAULT_DB
+    if _env_db():
+        return _env_db()
+    if config is None and getattr(args, "config_file", None):
+        config = _load(args.config_file)
+    if config is not None:
+        return config.database_url
+    for rel in DISCOVERED:
+        if pathlib.Path(rel).is_file():
+            return f"sqlite:///{pathlib.Path(rel).absolute()}"
+    raise ConfigError(
+        f"no experiment store found: {' or '.join(DISCOVERED)} do not exist in "
+        f"{os.getcwd()}. Give --db URL, set JAXCORE_DB, pass --config x.yaml (its "
+        "workdir's store), or run from the folder holding the experiments."
+    )
 
 
-def _store(args: argparse.Namespace, config: Any = None) -> Any:
-    from jaxcore.experiments.store import Store
+def _store(args: argparse.Namespace, config: Any = None, *, create: bool = False) -> Any:
+    """Open the store; a command that only reads refuses a SQLite file that is absent
+    (opening it would silently create an empty database)."""
+    from jaxcore.experiments.store import Store, normalize_url, safe_url
 
-    return Store(_db(args, config))
+    url = normalize_url(_db(args, config))
+    if not create and url.startswith("sqlite:///"):
+        path = url.removeprefix("sqlite:///")
+        if path != ":memory:" and not pathlib.Path(path).is_file():
+            raise ConfigError(
+                f"store {safe_url(url)} does not exist (no file {path}); give the store of "
+                "an existing experiment with --db or JAXCORE_DB."
+            )
+    print(f"jaxcore: store {safe_url(url)}", file=sys.stderr, flush=True)
+    return Store(url)
 
 
 def _print_table(rows: list[dict], cols: list[str]) -> None:
@@ -48,23 +77,42 @@ def _print_table(rows: list[dict], cols: list[str]) -> None:
     Console().print(table)
 
 
+def _load(path: str) -> Any:
+    from jaxcore.experiments.config import load_config
+
+    url = _env_db()
+    return load_config(path, {"database": url} if url else None)
+
+
 def _config(args: argparse.Namespace) -> Any:
     from jaxcore.experiments.config import load_config
 
-    url = getattr(args, "db", None) or os.environ.get("JAXCORE_DB_URL")
+    url = getattr(args, "db", None) or _env_db()
     return load_config(args.config, {"database": url} if url else None)
+
+
+def _exit_code(state: str) -> int:
+    return 1 if state == "FAILED" else 0
 
 
 # --------------------------------------------------------------------- experiment
 def _create(args: argparse.Namespace) -> int:
     from jaxcore.experiments.experiment import ExperimentLoop
+    from jaxcore.experiments.runner import check_entrypoint
 
     config = _config(args)  # validated before anything starts
+    check_entrypoint(config.entrypoint)  # importable and callable, before any store
+    store = _store(args, config, create=True)
     loop = ExperimentLoop(
-        config, executor=args.executor, progress=not args.quiet, ray_address=args.ray_address
+        config,
+        store=store,
+        executor=args.executor,
+        progress=not args.quiet,
+        ray_address=args.ray_address,
     )
     print(
-        f"experiment {loop.exp_id} created ({config.searcher.name}); store {loop.store.url}",
+        f"experiment {loop.exp_id} created ({config.searcher.name}, "
+        f"{loop.experiment['uuid']}); workdir {loop.workdir}",
         flush=True,
     )
     summary = loop.run()
@@ -80,7 +128,7 @@ def _create(args: argparse.Namespace) -> int:
             }
         )
     )
-    return 0
+    return _exit_code(summary.state)
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -111,8 +159,8 @@ def _describe(args: argparse.Namespace) -> int:
         return 1
     metric = exp["config"]["searcher"]["metric"]
     print(
-        f"experiment {exp['id']} {exp['name']!r}: {exp['state']}, best {metric} "
-        f"{exp['best_metric']}"
+        f"experiment {exp['id']} {exp['name']!r} ({exp.get('uuid')}): {exp['state']}, best "
+        f"{metric} {exp['best_metric']}, workdir {exp['workdir']}"
     )
     rows = []
     for t in store.trials(args.id):
@@ -134,35 +182,49 @@ def _describe(args: argparse.Namespace) -> int:
 
 
 def _set_state(args: argparse.Namespace, state: str) -> int:
+    from jaxcore.experiments.experiment import owner_alive
+    from jaxcore.experiments.store import EXPERIMENT_DONE
+
     store = _store(args)
     exp = store.experiment(args.id)
     if exp is None:
-        print(f"no experiment {args.id} in {store.url}", file=sys.stderr)
+        print(f"no experiment {args.id} in this store", file=sys.stderr)
         return 1
-    if exp["state"] in ("COMPLETED", "KILLED"):
+    if exp["state"] in EXPERIMENT_DONE:
         print(f"experiment {args.id} is {exp['state']}; nothing to change", file=sys.stderr)
         return 1
-    store.update_experiment(args.id, state=state)
-    alive = exp["heartbeat"] is not None and time.time() - exp["heartbeat"] < STALE_S
-    print(f"experiment {args.id}: {state}" + ("" if alive else " (its loop is not running)"))
-    if state == "ACTIVE" and not alive:
-        from jaxcore.experiments.experiment import ExperimentLoop, config_of
+    alive = owner_alive(exp)
+    if state != "ACTIVE" or alive:
+        store.update_experiment(args.id, state=state)
+        where = f"its loop ({exp['owner']}) acts on it" if alive else "its loop is not running"
+        print(f"experiment {args.id}: {state} ({where})")
+        if alive or state != "CANCELED":
+            return 0
+        # Nobody will act on the cancel: record it (its trials died with their loop).
+        from jaxcore.experiments.store import TERMINAL, now
 
-        print("starting its loop here", flush=True)
-        loop = ExperimentLoop(
-            config_of(store, args.id),
-            store=store,
-            experiment_id=args.id,
-            executor=args.executor,
-            progress=not args.quiet,
+        for t in store.trials(args.id):
+            if t["state"] not in TERMINAL:
+                store.update_trial(t["id"], state="CANCELED", ended=now())
+        store.update_experiment(args.id, ended=now(), owner=None)
+        return 0
+    from jaxcore.experiments.experiment import ExperimentLoop, config_of
+
+    print(f"experiment {args.id}: its loop ({exp['owner']}) is gone; resuming it here", flush=True)
+    loop = ExperimentLoop(
+        config_of(store, args.id),
+        store=store,
+        experiment_id=args.id,
+        executor=args.executor,
+        progress=not args.quiet,
+    )
+    summary = loop.run()
+    print(
+        json.dumps(
+            {"experiment": args.id, "state": summary.state, "best_metric": summary.best_metric}
         )
-        summary = loop.run()
-        print(
-            json.dumps(
-                {"experiment": args.id, "state": summary.state, "best_metric": summary.best_metric}
-            )
-        )
-    return 0
+    )
+    return _exit_code(summary.state)
 
 
 def _preview(args: argparse.Namespace) -> int:
@@ -174,16 +236,43 @@ def _preview(args: argparse.Namespace) -> int:
 
 
 # --------------------------------------------------------------------- trial / model / train
+def _trial_describe(args: argparse.Namespace) -> int:
+    store = _store(args)
+    row = store.trial(args.id)
+    if row is None:
+        print(f"no trial {args.id} in this store", file=sys.stderr)
+        return 1
+    ckpts = store.checkpoints(trial_id=args.id)
+    print(
+        f"trial {row['id']} of experiment {row['experiment_id']}: {row['state']}, "
+        f"{row['steps_done']}/{row['max_length']} steps, restarts {row['restarts']}, "
+        f"hparams {json.dumps(row['hparams'])}"
+    )
+    _print_table(
+        [{**c, "metrics": json.dumps(c["metrics"])} for c in ckpts],
+        ["id", "step", "state", "metrics", "path"],
+    )
+    if args.metrics:
+        metrics = store.metrics(args.id)
+        keys = sorted({k for m in metrics for k in m["values"]})
+        rows = [
+            {"step": m["step"], "kind": m["kind"], **{k: m["values"].get(k) for k in keys}}
+            for m in metrics
+        ]
+        _print_table(rows, ["step", "kind", *keys])
+    return 0
+
+
 def _trial_logs(args: argparse.Namespace) -> int:
-    from jaxcore.experiments.context import trial_dir
+    from jaxcore.experiments.trial_context import trial_dir
 
     store = _store(args)
     row = store.trial(args.id)
     if row is None:
-        print(f"no trial {args.id} in {store.url}", file=sys.stderr)
+        print(f"no trial {args.id} in this store", file=sys.stderr)
         return 1
     exp = store.experiment(row["experiment_id"])
-    path = trial_dir(exp["workdir"], exp["id"], args.id) / "logs.txt"
+    path = trial_dir(exp, args.id) / "logs.txt"
     if not path.exists():
         print(f"trial {args.id} has no logs yet ({path})", file=sys.stderr)
         return 1
@@ -194,7 +283,7 @@ def _trial_logs(args: argparse.Namespace) -> int:
 def _model(args: argparse.Namespace) -> int:
     from jaxcore.experiments.registry import Registry
 
-    reg = Registry(_db(args))
+    reg = Registry(_store(args, create=args.action == "create"))
     if args.action == "create":
         reg.create_model(args.name, description=args.description, tags=args.tag or [])
         print(f"model {args.name!r} created")
@@ -230,7 +319,11 @@ def _train(args: argparse.Namespace) -> int:
     s = config.searcher
     single = dataclasses.replace(s, name="single")
     config = dataclasses.replace(config, searcher=single)
-    summary = ExperimentLoop(config, executor="inline").run()
+    from jaxcore.experiments.runner import check_entrypoint
+
+    check_entrypoint(config.entrypoint)
+    store = _store(args, config, create=True)
+    summary = ExperimentLoop(config, store=store, executor="inline").run()
     trial = summary.trials[0]
     print(
         json.dumps(
@@ -252,7 +345,13 @@ def _parser() -> argparse.ArgumentParser:
     groups = p.add_subparsers(dest="group", required=True)
 
     def common(sp: argparse.ArgumentParser) -> argparse.ArgumentParser:
-        sp.add_argument("--db", help="database URL (default: $JAXCORE_DB_URL or the config's)")
+        sp.add_argument("--db", help="store URL (default: $JAXCORE_DB, else the config's)")
+        return sp
+
+    def located(sp: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        common(sp).add_argument(
+            "--config", dest="config_file", help="use this experiment config's store"
+        )
         return sp
 
     exp = groups.add_parser("experiment", help="create and manage searches")
@@ -263,14 +362,14 @@ def _parser() -> argparse.ArgumentParser:
     c.add_argument("--ray-address", default=None, help="Ray cluster (default: start one)")
     c.add_argument("--quiet", action="store_true", help="no live progress table")
     c.set_defaults(fn=_create)
-    common(es.add_parser("list")).set_defaults(fn=_list)
+    located(es.add_parser("list")).set_defaults(fn=_list)
     for name, fn in (
         ("describe", _describe),
         ("pause", lambda a: _set_state(a, "PAUSED")),
         ("resume", lambda a: _set_state(a, "ACTIVE")),
-        ("kill", lambda a: _set_state(a, "KILLED")),
+        ("kill", lambda a: _set_state(a, "CANCELED")),
     ):
-        sp = common(es.add_parser(name))
+        sp = located(es.add_parser(name))
         sp.add_argument("id", type=int)
         if name == "resume":
             sp.add_argument("--executor", choices=("local", "inline", "ray"), default="local")
@@ -282,14 +381,18 @@ def _parser() -> argparse.ArgumentParser:
 
     trial = groups.add_parser("trial", help="inspect trials")
     ts = trial.add_subparsers(dest="action", required=True)
-    lg = common(ts.add_parser("logs"))
+    lg = located(ts.add_parser("logs"))
     lg.add_argument("id", type=int)
     lg.set_defaults(fn=_trial_logs)
+    td = located(ts.add_parser("describe", help="a trial's state, checkpoints, metrics"))
+    td.add_argument("id", type=int)
+    td.add_argument("--metrics", action="store_true", help="print its metric history")
+    td.set_defaults(fn=_trial_describe)
 
     model = groups.add_parser("model", help="the model registry")
     ms = model.add_subparsers(dest="action", required=True)
     for name in ("create", "register", "list", "describe"):
-        sp = common(ms.add_parser(name))
+        sp = located(ms.add_parser(name))
         if name != "list":
             sp.add_argument("name")
         if name == "register":

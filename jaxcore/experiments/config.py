@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import re
 from typing import Any
 
 import yaml
@@ -28,6 +29,54 @@ PRUNERS = ("none", "median", "successive_halving", "hyperband")
 
 def _err(field: str, msg: str) -> ConfigError:
     return ConfigError(f"experiment config: {field}: {msg}")
+
+
+def _is_int(value: Any) -> bool:
+    """An integer that is not a bool (``True`` is an ``int`` to Python, not to a config)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_num(value: Any) -> bool:
+    """A real number that is not a bool or a string (``"1e-4"`` is a typo, not 0.0001)."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _check_num(field: str, value: Any) -> None:
+    if value is not None and not _is_num(value):
+        hint = " (quote-free, e.g. 1.0e-4)" if isinstance(value, str) else ""
+        raise _err(field, f"{value!r} is a {type(value).__name__}; write a number{hint}.")
+
+
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader with YAML 1.2 floats: ``1e-4`` is a float, not a string.
+
+    PyYAML follows YAML 1.1, whose float pattern needs a dot (``1.0e-4``), so ``1e-4``
+    and ``5E3`` silently load as strings; the resolver below is the usual fix (the YAML
+    1.2 core schema's float regex, plus ``.inf``/``.nan``).
+    """
+
+
+_Loader.yaml_implicit_resolvers = {
+    k: [(tag, rx) for tag, rx in v if tag != "tag:yaml.org,2002:float"]
+    for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+        |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+        |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+        |[-+]?\.(?:inf|Inf|INF)
+        |\.(?:nan|NaN|NAN))$""",
+        re.X,
+    ),
+    list("-+0123456789."),
+)
+
+
+def yaml_load(text: str) -> Any:
+    """Parse YAML text as the experiment config reader does (``1e-4`` -> float)."""
+    return yaml.load(text, Loader=_Loader)
 
 
 # --------------------------------------------------------------------- hyperparameters
@@ -60,6 +109,10 @@ class Param:
             raise _err(f"{f}.type", f"{self.type!r} is not one of {PARAM_TYPES}.")
         if self.type == "categorical" and not self.vals:
             raise _err(f"{f}.vals", "a categorical needs a non-empty list of values.")
+        for bound in ("minval", "maxval"):
+            _check_num(f"{f}.{bound}", getattr(self, bound))
+        if not isinstance(self.log, bool):
+            raise _err(f"{f}.log", f"{self.log!r}: write true or false.")
         if self.type in ("int", "double"):
             if self.minval is None or self.maxval is None:
                 raise _err(f"{f}.minval/maxval", f"an {self.type} needs both bounds.")
@@ -71,7 +124,9 @@ class Param:
                     f"a log range needs positive bounds (got minval={self.minval}); use a "
                     "linear range or a positive lower bound such as 1e-6.",
                 )
-        if self.count is not None and (not isinstance(self.count, int) or self.count < 1):
+        if self.type == "int" and not (_is_int(self.minval) and _is_int(self.maxval)):
+            raise _err(f"{f}.minval/maxval", "an int range needs integer bounds.")
+        if self.count is not None and (not _is_int(self.count) or self.count < 1):
             raise _err(f"{f}.count", f"{self.count!r}: must be an integer >= 1.")
 
     def grid(self) -> list[Any]:
@@ -135,10 +190,12 @@ def parse_hparams(raw: Any) -> tuple[Param, ...]:
         if kind is None:
             raise _err(f"hyperparameters.{name}.type", f"missing; one of {PARAM_TYPES}.")
         if kind == "log":  # Determined's spelling: base ** [minval, maxval]
-            base = float(spec.pop("base", 10.0))
+            base = spec.pop("base", 10.0)
             lo, hi = spec.pop("minval", None), spec.pop("maxval", None)
             if lo is None or hi is None:
                 raise _err(f"hyperparameters.{name}.minval/maxval", "a log needs both bounds.")
+            for field, v in (("base", base), ("minval", lo), ("maxval", hi)):
+                _check_num(f"hyperparameters.{name}.{field}", v)
             kind, spec["minval"], spec["maxval"], spec["log"] = "double", base**lo, base**hi, True
         known = {"val", "minval", "maxval", "log", "vals", "count"}
         extra = set(spec) - known
@@ -209,21 +266,27 @@ class SearcherConfig:
             raise _err(f"{s}.metric", "missing: name the reported metric to rank trials by.")
         if self.name != "pbt" and self.length is None:
             raise _err(f"{s}.max_length", "missing: how many steps a trial trains (>= 1).")
-        if self.length is not None and (not isinstance(self.length, int) or self.length < 1):
+        if self.length is not None and (not _is_int(self.length) or self.length < 1):
             raise _err(f"{s}.max_length", f"{self.length!r}: must be an integer >= 1.")
         if self.name in ("random", "bayesian", "adaptive_asha") and (
-            not isinstance(self.max_trials, int) or self.max_trials < 1
+            not _is_int(self.max_trials) or self.max_trials < 1
         ):
             raise _err(f"{s}.max_trials", f"{self.max_trials!r}: must be an integer >= 1.")
-        if not isinstance(self.max_concurrent_trials, int) or self.max_concurrent_trials < 0:
+        if not _is_int(self.max_concurrent_trials) or self.max_concurrent_trials < 0:
             raise _err(f"{s}.max_concurrent_trials", "must be an integer >= 0 (0: no limit).")
         if self.mode not in ASHA_MODES:
             raise _err(f"{s}.mode", f"{self.mode!r}; use one of {ASHA_MODES}.")
+        for f in ("divisor", "truncate_fraction", "perturb_factor", "resample_probability"):
+            _check_num(f"{s}.{f}", getattr(self, f))
+        if not isinstance(self.smaller_is_better, bool):
+            raise _err(f"{s}.smaller_is_better", f"{self.smaller_is_better!r}: true or false.")
+        if not _is_int(self.seed):
+            raise _err(f"{s}.seed", f"{self.seed!r}: must be an integer.")
         if not self.divisor > 1:
             raise _err(f"{s}.divisor", f"{self.divisor!r}: must be > 1 (Determined uses 4).")
-        if not isinstance(self.max_rungs, int) or self.max_rungs < 1:
+        if not _is_int(self.max_rungs) or self.max_rungs < 1:
             raise _err(f"{s}.max_rungs", f"{self.max_rungs!r}: must be an integer >= 1.")
-        if any(not isinstance(r, int) or r < 1 for r in self.bracket_rungs):
+        if any(not _is_int(r) or r < 1 for r in self.bracket_rungs):
             raise _err(f"{s}.bracket_rungs", "every entry must be an integer >= 1.")
         if self.sampler not in SAMPLERS:
             raise _err(f"{s}.sampler", f"{self.sampler!r}; use one of {SAMPLERS}.")
@@ -232,7 +295,7 @@ class SearcherConfig:
         if self.name == "pbt":
             for f in ("population_size", "num_rounds", "length_per_round"):
                 v = getattr(self, f)
-                if not isinstance(v, int) or v < 1:
+                if not _is_int(v) or v < 1:
                     raise _err(f"{s}.{f}", f"{v!r}: must be an integer >= 1.")
             if not 0 < self.truncate_fraction <= 0.5:
                 raise _err(f"{s}.truncate_fraction", "must be in (0, 0.5].")
@@ -264,7 +327,7 @@ class RetentionConfig:
     def __post_init__(self) -> None:
         for f in ("save_trial_latest", "save_trial_best", "save_experiment_best"):
             v = getattr(self, f)
-            if not isinstance(v, int) or v < 0:
+            if not _is_int(v) or v < 0:
                 raise _err(f"checkpoint_storage.{f}", f"{v!r}: must be an integer >= 0.")
 
 
@@ -284,9 +347,9 @@ class ResourcesConfig:
     processes: int = 1
 
     def __post_init__(self) -> None:
-        if not isinstance(self.devices, int) or self.devices < 1:
+        if not _is_int(self.devices) or self.devices < 1:
             raise _err("resources.devices", f"{self.devices!r}: must be an integer >= 1.")
-        if self.slots is not None and (not isinstance(self.slots, int) or self.slots < 1):
+        if self.slots is not None and (not _is_int(self.slots) or self.slots < 1):
             raise _err("resources.slots", f"{self.slots!r}: must be an integer >= 1.")
         if self.slots is not None and self.slots < self.devices:
             raise _err("resources.slots", f"{self.slots} slots cannot hold {self.devices} devices.")
@@ -317,8 +380,10 @@ class EarlyStoppingConfig:
     threshold: float | None = None
 
     def __post_init__(self) -> None:
-        if self.patience is not None and (not isinstance(self.patience, int) or self.patience < 1):
+        if self.patience is not None and (not _is_int(self.patience) or self.patience < 1):
             raise _err("early_stopping.patience", f"{self.patience!r}: an integer >= 1.")
+        _check_num("early_stopping.min_delta", self.min_delta)
+        _check_num("early_stopping.threshold", self.threshold)
         if self.min_delta < 0:
             raise _err("early_stopping.min_delta", f"{self.min_delta!r}: must be >= 0.")
         if self.metric is None and (self.patience is not None or self.threshold is not None):
@@ -367,7 +432,7 @@ class ExperimentConfig:
             raise _err(
                 "entrypoint", f"{self.entrypoint!r}: write 'module:function' or 'file.py:function'."
             )
-        if not isinstance(self.max_restarts, int) or self.max_restarts < 0:
+        if not _is_int(self.max_restarts) or self.max_restarts < 0:
             raise _err("max_restarts", f"{self.max_restarts!r}: must be an integer >= 0.")
         if self.searcher.name == "grid":
             for p in self.hyperparameters:
@@ -446,7 +511,7 @@ def load_config(path: str | os.PathLike, overrides: dict | None = None) -> Exper
     """Read and validate a YAML experiment file (relative paths are from the CWD)."""
     try:
         with open(path) as f:
-            raw = yaml.safe_load(f)
+            raw = yaml_load(f.read())
     except FileNotFoundError:
         raise ConfigError(f"experiment config {path}: no such file.") from None
     except yaml.YAMLError as e:

@@ -5,14 +5,33 @@ the loop reads new validations, hands them to the searcher and the early-stoppin
 policy, writes the decision back (``stop_requested``) and acknowledges the step so the
 trial goes on. Failed trials are restarted from their latest checkpoint up to
 ``max_restarts`` times, then marked ``ERRORED`` (the search goes on). Pause (SIGTERM:
-trials checkpoint and exit with code 75), resume and kill arrive through the
+trials checkpoint and exit with code 75), resume and cancel arrive through the
 experiment's state in the store, so they work from any shell.
+
+Recovery is safe by construction:
+
+- Each turn of the loop is one store transaction: the decisions it makes (trials
+  created, stopped, continued, exits recorded), the acknowledgements it sends and the
+  snapshot of the searcher with its event cursor commit together. A loop killed at any
+  moment leaves either all of a turn or none of it, and a resumed loop replays exactly
+  the reports its snapshot had not seen (a validation written but not acknowledged is
+  processed then, not skipped).
+- Trial processes die with their loop (process group + parent-death signal, see
+  `trial_executors`); a resumed loop also waits until no process of its trials is
+  left before it launches any, so two copies of a trial never run and the concurrency
+  limit holds across the restart.
+- The experiment records its loop (``owner``: host and pid); ``resume`` sees at once
+  that a loop on this host is dead, instead of waiting for its heartbeat to go stale.
+- The final state is honest: ``FAILED`` when no trial finished (all errored, or the
+  searcher made none), ``CANCELED`` when killed, else ``COMPLETED``.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
+import json
 import logging
 import math
 import os
@@ -20,22 +39,98 @@ import pathlib
 import pickle
 import shutil
 import signal
+import socket
 import time
 from typing import Any
 
+from jaxcore.errors import ConfigError
 from jaxcore.experiments.config import ExperimentConfig, parse_config, to_dict
-from jaxcore.experiments.context import trial_dir
 from jaxcore.experiments.early_stopping import EarlyStopping
-from jaxcore.experiments.executors import Executor, InlineExecutor, LocalExecutor
 from jaxcore.experiments.retention import apply_retention
+from jaxcore.experiments.runner import check_entrypoint
 from jaxcore.experiments.searchers import Continue, Create, SearchMethod, Stop, make_searcher
-from jaxcore.experiments.store import TERMINAL, Store, now
+from jaxcore.experiments.store import EXPERIMENT_DONE, TERMINAL, Store, now, safe_url
+from jaxcore.experiments.trial_context import trial_dir
+from jaxcore.experiments.trial_executors import (
+    InlineTrialExecutor,
+    SubprocessTrialExecutor,
+    TrialExecutor,
+    live_trial_processes,
+)
 
 log = logging.getLogger(__name__)
 
 PREEMPTED = 75  # jaxcore.checkpoint.PREEMPTION_EXIT_CODE (not imported: no JAX here)
 COMMIT_LAG_S = 30.0  # a report's transaction commits well within this after its insert
-BEAT_S = 1.0  # how often the loop records its heartbeat and searcher snapshot
+BEAT_S = 1.0  # how often the loop records its heartbeat
+STALE_S = 10.0  # a loop on another host that has not beaten for this long is gone
+STRAGGLER_WAIT_S = 10.0  # how long a resumed loop waits for a dead loop's trials to exit
+WORKDIR_MARK = ".jaxcore-store.json"
+OK_STATES = ("COMPLETED", "STOPPED")
+
+
+def loop_owner() -> str:
+    """``"<host> <pid>"``: who runs an experiment's loop."""
+    return f"{socket.gethostname()} {os.getpid()}"
+
+
+def owner_alive(exp: dict[str, Any]) -> bool:
+    """Whether the loop recorded as the experiment's owner is still running.
+
+    On this host the process table answers at once (a pid that is gone, or reused by a
+    process that is not a jaxcore loop, is dead); for another host, the heartbeat.
+    """
+    owner = exp.get("owner")
+    if not owner:
+        return exp.get("heartbeat") is not None and time.time() - exp["heartbeat"] < STALE_S
+    host, _, pid_text = owner.rpartition(" ")
+    if host != socket.gethostname():
+        return exp.get("heartbeat") is not None and time.time() - exp["heartbeat"] < STALE_S
+    pid = int(pid_text)
+    if pid == os.getpid():
+        return False  # this process: a loop object it abandoned, not a live loop
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        stat = pathlib.Path(f"/proc/{pid}/stat").read_text()
+        if stat.rsplit(")", 1)[1].split()[0] == "Z":
+            return False  # a zombie: dead, not yet reaped
+        cmdline = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return True  # no /proc (macOS): the pid exists
+    return b"jaxcore" in cmdline or b"pytest" in cmdline or b"python" in cmdline
+
+
+def bind_workdir(workdir: str, store: Store) -> None:
+    """Bind ``workdir`` to ``store``; refuse a workdir that another store owns.
+
+    Trial directories are named by experiment UUIDs, but a second database over the
+    same workdir would still mix two histories (and retention of one could delete the
+    other's files), so the first store to use a workdir owns it.
+    """
+    mark = pathlib.Path(workdir) / WORKDIR_MARK
+    mine = {"store_uuid": store.uuid, "store": safe_url(store.url)}
+    if mark.exists():
+        try:
+            theirs = json.loads(mark.read_text())
+        except (OSError, ValueError):
+            theirs = {}
+        if theirs.get("store_uuid") not in (None, mine["store_uuid"]):
+            raise ConfigError(
+                f"workdir {workdir} belongs to the store {theirs.get('store')} "
+                f"(id {theirs.get('store_uuid')}), but this run uses the store "
+                f"{mine['store']} (id {mine['store_uuid']}). Use that store (--db or "
+                "JAXCORE_DB), or give this experiment another workdir."
+            )
+        if theirs.get("store_uuid") == mine["store_uuid"]:
+            return
+    tmp = mark.with_suffix(f".tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(mine))
+    os.replace(tmp, mark)
 
 
 class _InlineChannel:
@@ -45,7 +140,7 @@ class _InlineChannel:
         self.loop = loop
 
     def validation(self, trial_id: int, step: int, values: dict[str, float]) -> None:
-        self.loop._on_report(trial_id, step, values, "validation")
+        self.loop._turn()  # the report is in the store: process it as any other
 
     def should_stop(self, trial_id: int) -> bool:
         return trial_id in self.loop.stop_requested
@@ -73,7 +168,7 @@ class ExperimentLoop:
     Args:
         config: the validated `ExperimentConfig`.
         executor: ``"local"`` (subprocesses, default), ``"inline"`` (in this process,
-            one trial at a time), ``"ray"``, or an `Executor`.
+            one trial at a time), ``"ray"``, or a `TrialExecutor`.
         store: an open `Store` (default: ``config.database_url``).
         experiment_id: continue an existing experiment (``experiment resume``).
         progress: show a live ``rich`` table (trials running, best metric so far).
@@ -83,22 +178,20 @@ class ExperimentLoop:
         self,
         config: ExperimentConfig,
         *,
-        executor: str | Executor = "local",
+        executor: str | TrialExecutor = "local",
         store: Store | None = None,
         experiment_id: int | None = None,
         progress: bool = False,
         ray_address: str | None = None,
     ):
+        check_entrypoint(config.entrypoint)  # before any store, directory or launch
         self.config = config
         self.store = store or Store(config.database_url)
         self.progress = progress
         os.makedirs(config.workdir, exist_ok=True)
         self.workdir = os.path.abspath(config.workdir)
-        if isinstance(executor, str):
-            executor = self._make_executor(executor, ray_address)
-        self.executor = executor
-        if isinstance(executor, InlineExecutor):
-            executor.loop = self
+        bind_workdir(self.workdir, self.store)
+        self.owner = loop_owner()
         self.channel = _InlineChannel(self)
         self.stop_requested: set[int] = set()
         self.pending: collections.deque[int] = collections.deque()
@@ -111,24 +204,38 @@ class ExperimentLoop:
         self._seen: dict[int, float] = {}  # metric id -> when this loop first saw it
         self._last_beat = 0.0
         self._was_paused = False
+        if isinstance(executor, str):
+            executor = self._make_executor(executor, ray_address)
+        self.executor = executor
+        if isinstance(executor, InlineTrialExecutor):
+            executor.loop = self
+        # An Optuna study in an RDB writes through its own connections while the searcher
+        # runs, so its turns cannot hold the store's transaction (and its snapshot is the
+        # study itself, reloaded by name).
+        self._atomic = not config.searcher.optuna_storage
         if experiment_id is None:
-            self.exp_id = self.store.create_experiment(config.name, _raw(config), self.workdir)
-            self.searcher = make_searcher(config, study_name=f"jaxcore-exp-{self.exp_id}")
-            self._handle(self.searcher.initial())
+            with self._transaction():
+                self.exp_id = self.store.create_experiment(
+                    config.name, _raw(config), self.workdir, owner=self.owner
+                )
+                self.experiment = self.store.experiment(self.exp_id)
+                self.searcher = make_searcher(config, study_name=f"jaxcore-exp-{self.exp_id}")
+                self._handle(self.searcher.initial())
+                self._save_snapshot()
         else:
             self.exp_id = experiment_id
             self._reattach()
 
-    def _make_executor(self, name: str, ray_address: str | None) -> Executor:
+    def _make_executor(self, name: str, ray_address: str | None) -> TrialExecutor:
         res = self.config.resources
         if name == "inline":
-            return InlineExecutor()
+            return InlineTrialExecutor()
         if name == "local":
-            return LocalExecutor(devices_per_trial=res.devices, slots=res.slots)
+            return SubprocessTrialExecutor(devices_per_trial=res.devices, slots=res.slots)
         if name == "ray":
-            from jaxcore.experiments.executors import RayExecutor
+            from jaxcore.experiments.trial_executors import RayTrialExecutor
 
-            return RayExecutor(
+            return RayTrialExecutor(
                 address=ray_address,
                 devices_per_trial=res.devices,
                 max_concurrent=self.config.searcher.max_concurrent_trials or None,
@@ -136,21 +243,53 @@ class ExperimentLoop:
         raise ValueError(f"executor {name!r}: use 'local', 'inline' or 'ray'")
 
     def _reattach(self) -> None:
-        """Resume an experiment whose loop stopped: searcher from its snapshot."""
+        """Resume an experiment whose loop stopped, from the snapshot of its last turn."""
         exp = self.store.experiment(self.exp_id)
-        if exp is None or exp["searcher_state"] is None:
-            raise ValueError(f"experiment {self.exp_id} has no searcher snapshot to resume")
-        self.searcher = pickle.loads(exp["searcher_state"])
-        self.last_metric_id = max(
-            (m["id"] for m in self.store.metrics(exp_id=self.exp_id)), default=0
-        )
-        for t in self.store.trials(self.exp_id):
+        if exp is None:
+            raise ConfigError(f"no experiment {self.exp_id} in {safe_url(self.store.url)}.")
+        if exp["state"] in EXPERIMENT_DONE:
+            raise ConfigError(f"experiment {self.exp_id} is {exp['state']}; nothing to resume.")
+        if owner_alive(exp):
+            raise ConfigError(
+                f"experiment {self.exp_id} is run by a live loop ({exp['owner']}); "
+                "pause, resume or cancel it through the store instead of starting another."
+            )
+        if not self.store.claim_experiment(self.exp_id, self.owner, exp["owner"]):
+            raise ConfigError(f"experiment {self.exp_id}: another loop claimed it just now.")
+        snap = _load_snapshot(exp["searcher_state"])
+        if snap.get("searcher") is None:
+            raise ConfigError(f"experiment {self.exp_id} has no searcher snapshot to resume.")
+        self.experiment = exp
+        self.searcher = snap["searcher"]
+        self.last_metric_id = snap.get("last_metric_id", 0)
+        self._seen = dict.fromkeys(snap.get("seen", ()), time.time())
+        self.policies = snap.get("policies", {})
+        self.best = snap.get("best")
+        trials = self.store.trials(self.exp_id)
+        self._wait_for_stragglers({t["id"] for t in trials})
+        for t in trials:
             if t["state"] in ("RUNNING", "PENDING", "PAUSED"):
-                self.store.update_trial(t["id"], state="PENDING")
+                self.store.update_trial(t["id"], state="PENDING", pid=None, host=None)
                 self.pending.append(t["id"])
             if t["stop_requested"]:
                 self.stop_requested.add(t["id"])
         self.store.update_experiment(self.exp_id, state="ACTIVE")
+
+    def _wait_for_stragglers(self, trial_ids: set[int]) -> None:
+        """Wait until no process of these trials is alive (they die with their old loop,
+        a few milliseconds after it); SIGKILL any that linger past `STRAGGLER_WAIT_S`."""
+        deadline = time.monotonic() + STRAGGLER_WAIT_S
+        while True:
+            live = live_trial_processes(self.store.url, trial_ids)
+            if not live:
+                return
+            if time.monotonic() > deadline:
+                for pid in (p for pids in live.values() for p in pids):
+                    log.warning("killing trial process %d left by the previous loop", pid)
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
+                        os.killpg(pid, signal.SIGKILL)
+                deadline = time.monotonic() + STRAGGLER_WAIT_S
+            time.sleep(0.05)
 
     # ----------------------------------------------------------------- actions
     def _handle(self, actions: list[Any]) -> None:
@@ -162,8 +301,7 @@ class ExperimentLoop:
                 queue.extend(self.searcher.created(trial_id, action))
             elif isinstance(action, Stop):
                 self.stop_requested.add(action.trial_id)
-                if not self.executor.inline:
-                    self.store.update_trial(action.trial_id, stop_requested=True)
+                self.store.update_trial(action.trial_id, stop_requested=True)
             elif isinstance(action, Continue):
                 values: dict[str, Any] = dict(
                     max_length=action.max_length, state="PENDING", stop_requested=False
@@ -198,10 +336,13 @@ class ExperimentLoop:
             log.warning("trial %d: parent %d has no checkpoint; starting fresh", trial_id, source)
             return
         src = max(rows, key=lambda r: r["step"])
-        dst = trial_dir(self.workdir, self.exp_id, trial_id) / "checkpoints" / str(src["step"])
+        dst = trial_dir(self.experiment, trial_id) / "checkpoints" / str(src["step"])
         dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(dst, ignore_errors=True)  # left by a turn that did not commit
         shutil.copytree(src["path"], dst)
-        self.store.add_checkpoint(trial_id, src["step"], str(dst), src["format"], src["metrics"])
+        self.store.add_checkpoint(
+            trial_id, src["step"], str(dst), src["format"], src["metrics"], src.get("meta")
+        )
         self.store.update_trial(trial_id, source_checkpoint=src["path"])
 
     # ----------------------------------------------------------------- events
@@ -226,13 +367,13 @@ class ExperimentLoop:
                 log.info("trial %d: early stop (%s)", trial_id, reason)
                 actions.append(Stop(trial_id))
         self._handle(actions)
-        if kind == "validation" and not self.executor.inline:
+        if kind == "validation":
             self.store.update_trial(trial_id, acked_step=step)
 
     def _on_exit(self, trial_id: int, code: int) -> None:
         row = self.store.trial(trial_id)
         exp_state = (self.store.experiment(self.exp_id) or {}).get("state")
-        if exp_state == "KILLED":
+        if exp_state in ("CANCELED", "KILLED"):
             self.store.update_trial(trial_id, state="CANCELED", exit_code=code, ended=now())
             return
         if code == PREEMPTED:
@@ -259,13 +400,22 @@ class ExperimentLoop:
                 return
             log.error("trial %d failed %d times: marked errored", trial_id, restarts)
             self.store.update_trial(
-                trial_id, state="ERRORED", restarts=restarts - 1, exit_code=code, ended=now()
+                trial_id,
+                state="ERRORED",
+                restarts=restarts - 1,
+                exit_code=code,
+                ended=now(),
+                pid=None,
             )
             self._handle(self.searcher.errored(trial_id))
             return
         stopped = trial_id in self.stop_requested and row["steps_done"] < row["max_length"]
         self.store.update_trial(
-            trial_id, state="STOPPED" if stopped else "COMPLETED", exit_code=0, ended=now()
+            trial_id,
+            state="STOPPED" if stopped else "COMPLETED",
+            exit_code=0,
+            ended=now(),
+            pid=None,
         )
         self._handle(self.searcher.exited(trial_id))
 
@@ -278,8 +428,6 @@ class ExperimentLoop:
         only advances past ids seen more than `COMMIT_LAG_S` ago; newer ones are
         deduplicated.
         """
-        if self.executor.inline:
-            return
         now_s = time.time()
         for m in self.store.metrics(exp_id=self.exp_id, after_id=self.last_metric_id):
             if m["id"] in self._seen:
@@ -329,25 +477,29 @@ class ExperimentLoop:
                 self.store.update_trial(trial_id, state="CANCELED", ended=now())
                 self._handle(self.searcher.exited(trial_id))
                 continue
-            self.store.update_trial(trial_id, state="RUNNING")
+            # No pid while starting: the new process must not mistake an old one's for
+            # a live owner (see StoreChannel); it is recorded once the process exists.
+            self.store.update_trial(trial_id, state="RUNNING", pid=None, host=None)
             env = {
                 **os.environ,
                 **self.config.environment,
                 "JAXCORE_DB_URL": self.store.url,
                 "JAXCORE_TRIAL_ID": str(trial_id),
             }
-            self.executor.launch(trial_id, env, self.log_path(trial_id))
+            pid = self.executor.launch(trial_id, env, self.log_path(trial_id))
+            if pid is not None:
+                self.store.update_trial(trial_id, pid=pid, host=socket.gethostname())
             if self.executor.inline:
                 break
 
     def log_path(self, trial_id: int) -> pathlib.Path:
-        return trial_dir(self.workdir, self.exp_id, trial_id) / "logs.txt"
+        return trial_dir(self.experiment, trial_id) / "logs.txt"
 
     def _control(self) -> str:
         exp = self.store.experiment(self.exp_id) or {}
         state = exp.get("state", "ACTIVE")
-        if state in ("KILLED", "PAUSED"):
-            sig = signal.SIGKILL if state == "KILLED" else signal.SIGTERM
+        if state in ("CANCELED", "KILLED", "PAUSED"):
+            sig = signal.SIGTERM if state == "PAUSED" else signal.SIGKILL
             for t in self.executor.running():
                 if self._signalled.get(t) != sig:
                     self._signalled[t] = sig
@@ -365,14 +517,10 @@ class ExperimentLoop:
         state = self._control()
         if state == "ACTIVE":
             self._launch()
-        for trial_id, code in self.executor.poll():
-            self._signalled.pop(trial_id, None)
-            self._poll_store()  # the trial's last reports come before its exit
-            self._on_exit(trial_id, code)
-        self._poll_store()
+        self._turn()
         self._retention()
         self._beat()
-        if state == "KILLED" and not self.executor.running():
+        if state in ("CANCELED", "KILLED") and not self.executor.running():
             for t in self.store.trials(self.exp_id):
                 if t["state"] not in TERMINAL:
                     self.store.update_trial(t["id"], state="CANCELED", ended=now())
@@ -381,12 +529,37 @@ class ExperimentLoop:
             return True
         return bool(self.pending or self.executor.running())
 
+    def _turn(self) -> None:
+        """Ended trials and new reports to the searcher, as one transaction with the
+        snapshot of the state they lead to (see the module docstring)."""
+        with self._transaction():
+            for trial_id, code in self.executor.poll():
+                self._signalled.pop(trial_id, None)
+                self._poll_store()  # the trial's last reports come before its exit
+                self._on_exit(trial_id, code)
+            self._poll_store()
+            self._save_snapshot()
+
+    def _transaction(self) -> Any:
+        return self.store.transaction() if self._atomic else contextlib.nullcontext()
+
+    def _save_snapshot(self) -> None:
+        state = {
+            "searcher": self.searcher,
+            "last_metric_id": self.last_metric_id,
+            "seen": sorted(self._seen),
+            "policies": self.policies,
+            "best": self.best,
+        }
+        blob = _snapshot(state)
+        if blob is not None and blob != getattr(self, "_last_snapshot", None):
+            self.store.update_experiment(self.exp_id, searcher_state=blob)
+            self._last_snapshot = blob
+
     def _beat(self, force: bool = False) -> None:
         if force or time.monotonic() - self._last_beat > BEAT_S:
             self._last_beat = time.monotonic()
-            self.store.update_experiment(
-                self.exp_id, heartbeat=time.time(), searcher_state=_snapshot(self.searcher)
-            )
+            self.store.update_experiment(self.exp_id, heartbeat=time.time())
 
     def run(self, poll_interval: float = 0.05) -> Summary:
         """Run until every trial has ended (or the experiment is killed)."""
@@ -403,10 +576,28 @@ class ExperimentLoop:
                 display.close()
         self._retention(force=True)
         self._beat(force=True)
-        exp = self.store.experiment(self.exp_id)
-        final = "KILLED" if exp["state"] == "KILLED" else "COMPLETED"
-        self.store.update_experiment(self.exp_id, state=final, ended=now())
+        final = self._outcome()
+        self.store.update_experiment(self.exp_id, state=final, ended=now(), owner=None)
         return self.summary()
+
+    def _outcome(self) -> str:
+        """CANCELED when killed; FAILED when no trial finished (all errored, or the
+        searcher could not make any); else COMPLETED."""
+        exp = self.store.experiment(self.exp_id)
+        if exp["state"] in ("CANCELED", "KILLED"):
+            return "CANCELED"
+        trials = self.store.trials(self.exp_id)
+        if not any(t["state"] in OK_STATES for t in trials):
+            errored = sum(t["state"] == "ERRORED" for t in trials)
+            log.error(
+                "experiment %d FAILED: %s",
+                self.exp_id,
+                f"all {errored} trials errored (see 'jaxcore trial logs ID')"
+                if errored
+                else "the searcher created no trial that finished",
+            )
+            return "FAILED"
+        return "COMPLETED"
 
     def summary(self) -> Summary:
         trials = self.store.trials(self.exp_id)
@@ -437,11 +628,20 @@ def _raw(config: ExperimentConfig) -> dict[str, Any]:
     return to_dict(config)
 
 
-def _snapshot(searcher: SearchMethod) -> bytes | None:
+def _snapshot(state: dict[str, Any]) -> bytes | None:
     try:
-        return pickle.dumps(searcher)
+        return pickle.dumps(state)
     except Exception:  # an Optuna study on an RDB holds a connection: it reloads by name
         return None
+
+
+def _load_snapshot(blob: bytes | None) -> dict[str, Any]:
+    if blob is None:
+        return {}
+    state = pickle.loads(blob)
+    if isinstance(state, SearchMethod):  # written by a loop before snapshots had cursors
+        return {"searcher": state}
+    return state
 
 
 def config_of(store: Store, exp_id: int) -> ExperimentConfig:

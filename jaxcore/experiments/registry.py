@@ -1,19 +1,28 @@
-"""Model registry: named models, numbered versions, aliases, and `load`.
+"""Model registry: named models, numbered versions, aliases, `load` and `resolve`.
 
 Registering a checkpoint as a version exports its parameters to
 ``<registry_dir>/<name>/v<N>/model.safetensors`` (`jaxcore.export_checkpoint`), so the
 version outlives checkpoint retention and loads without the training code. Versions
 are numbered 1, 2, ... per model; aliases (``production``, ``staging``) point at one
-version each and move when set again (MLflow's aliases, Determined's model registry)::
+version each and move when set again (MLflow's aliases, Determined's model registry).
+
+A version is self-describing: its metadata holds the model config (recorded with the
+checkpoint by the trial, ``ctx.model_config``, or given to `Registry.register`), the
+tokenizer (copied next to the weights) where there is one, and its lineage (store,
+experiment, trial, step, hyperparameters, metrics), so `resolve` gives everything an
+inference engine needs from a name alone::
 
     reg = Registry("sqlite:///runs/jaxcore.db")
     reg.create_model("tiny-lm", description="byte-level LM")
     v = reg.register("tiny-lm", checkpoint=ckpt_id, aliases=["staging"])
     params = jaxcore.registry.load("tiny-lm", "staging", db="sqlite:///runs/jaxcore.db")
+    m = jaxcore.registry.resolve("registry:tiny-lm@staging", db="sqlite:///runs/jaxcore.db")
+    llm = inference.LLM(m.weights_path, config=TransformerConfig(**m.config))
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -25,10 +34,29 @@ from jaxcore.errors import ConfigError
 from jaxcore.experiments.store import Store
 
 DEFAULT_DB = "sqlite:///experiments/jaxcore.db"
+PREFIX = "registry:"
 
 
 def default_url() -> str:
-    return os.environ.get("JAXCORE_DB_URL", DEFAULT_DB)
+    """``$JAXCORE_DB``, else ``$JAXCORE_DB_URL``, else ``experiments/jaxcore.db`` here."""
+    return os.environ.get("JAXCORE_DB") or os.environ.get("JAXCORE_DB_URL") or DEFAULT_DB
+
+
+@dataclasses.dataclass(frozen=True)
+class ResolvedModel:
+    """A registered version, ready to load.
+
+    Attributes:
+        weights_path: the version's ``model.safetensors`` (absolute).
+        config: the model config's fields (``TransformerConfig(**config)``).
+        tokenizer_path: the tokenizer file stored with the version, or ``None`` (bytes).
+        lineage: where it came from: store, experiment, trial, step, hparams, metrics.
+    """
+
+    weights_path: str
+    config: dict[str, Any]
+    tokenizer_path: str | None
+    lineage: dict[str, Any]
 
 
 class Registry:
@@ -72,9 +100,15 @@ class Registry:
         metadata: dict | None = None,
         tags: list[str] | None = None,
         aliases: list[str] | tuple[str, ...] = (),
+        model_config: dict[str, Any] | None = None,
+        tokenizer: str | None = None,
     ) -> int:
         """Add ``checkpoint`` (a store checkpoint id, or a checkpoint step directory) as the
-        next version of ``name``; returns the version number."""
+        next version of ``name``; returns the version number.
+
+        ``model_config`` / ``tokenizer`` default to what the trial recorded with the
+        checkpoint; either way they are stored with the version (see the module doc).
+        """
         model = self._model(name)
         ckpt_row = None
         if isinstance(checkpoint, int) or str(checkpoint).isdigit():
@@ -88,19 +122,38 @@ class Registry:
         else:
             src = pathlib.Path(checkpoint)
         if not src.is_dir():
-            raise ConfigError(f"checkpoint directory {src} does not exist.")
+            raise ConfigError(
+                f"checkpoint directory {src} does not exist"
+                + (f" (the store's checkpoint {ckpt_row['id']} points at it)." if ckpt_row else ".")
+            )
+        recorded = (ckpt_row or {}).get("meta") or {}
+        model_config = model_config if model_config is not None else recorded.get("model_config")
+        tokenizer = tokenizer if tokenizer is not None else recorded.get("tokenizer")
+        if tokenizer is not None and not pathlib.Path(tokenizer).is_file():
+            raise ConfigError(f"tokenizer {tokenizer} does not exist.")
+        meta = {
+            **(metadata or {}),
+            "model_config": model_config,
+            "lineage": self._lineage(ckpt_row, src),
+        }
         # The number is assigned by the store (atomically); the files follow.
         version = self.store.add_version(
             model["id"],
             checkpoint_id=ckpt_row["id"] if ckpt_row else None,
             path="",
             description=description,
-            meta=metadata or {},
+            meta=meta,
             tags=tags or [],
             metrics=(ckpt_row or {}).get("metrics"),
         )
         dst = self.directory / name / f"v{version}"
         dst.mkdir(parents=True, exist_ok=True)
+        if model_config is not None:  # what inference.LLM(<dir or file>) reads beside it
+            (dst / "config.json").write_text(json.dumps(model_config))
+        if tokenizer is not None:
+            copied = dst / pathlib.Path(tokenizer).name
+            shutil.copy(tokenizer, copied)
+            meta["tokenizer"] = str(copied)
         if (src / "state.json").exists():
             shutil.copy(src / "state.json", dst / "state.json")
             path = dst / "state.json"
@@ -117,12 +170,31 @@ class Registry:
                     st.model_versions.c.model_id == model["id"],
                     st.model_versions.c.version == version,
                 )
-                .values(path=str(path))
+                .values(path=str(path), meta=meta)
             )
         )
         for alias in aliases:
             self.set_alias(name, alias, version)
         return version
+
+    def _lineage(self, ckpt_row: dict[str, Any] | None, src: pathlib.Path) -> dict[str, Any]:
+        out: dict[str, Any] = {"store": self.store.uuid, "source_path": str(src)}
+        if ckpt_row is None:
+            return out
+        trial = self.store.trial(ckpt_row["trial_id"]) or {}
+        exp = self.store.experiment(trial.get("experiment_id", -1)) or {}
+        out.update(
+            checkpoint_id=ckpt_row["id"],
+            step=ckpt_row["step"],
+            metrics=ckpt_row.get("metrics"),
+            trial_id=ckpt_row["trial_id"],
+            hparams=trial.get("hparams"),
+            parent_trial=trial.get("parent_trial"),
+            experiment_id=exp.get("id"),
+            experiment_uuid=exp.get("uuid"),
+            experiment_name=exp.get("name"),
+        )
+        return out
 
     def set_alias(self, name: str, alias: str, version: int) -> None:
         model = self._model(name)
@@ -156,7 +228,7 @@ class Registry:
 
         return sorted(self.describe(name)["versions"], key=key)
 
-    def resolve(self, name: str, ref: int | str) -> dict[str, Any]:
+    def version(self, name: str, ref: int | str = "latest") -> dict[str, Any]:
         """The version row for a number, ``"latest"``, or an alias."""
         info = self.describe(name)
         versions = {v["version"]: v for v in info["versions"]}
@@ -177,7 +249,7 @@ class Registry:
     def load(self, name: str, ref: int | str = "latest", *, engine: Any = None) -> Any:
         """Parameters of a version: a nested dict of NumPy arrays, or, with a prepared
         ``engine``, arrays sharded on its mesh (`jaxcore.load_params`)."""
-        path = pathlib.Path(self.resolve(name, ref)["path"])
+        path = pathlib.Path(self.version(name, ref)["path"])
         if path.name == "state.json":
             return json.loads(path.read_text())["state"]
         if engine is not None:
@@ -196,3 +268,48 @@ def load(name: str, ref: int | str = "latest", *, db: str | None = None, engine:
         return reg.load(name, ref, engine=engine)
     finally:
         reg.store.close()
+
+
+def parse_spec(spec: str) -> tuple[str, str]:
+    """``"registry:NAME@REF"`` / ``"NAME@REF"`` / ``"NAME"`` -> ``(NAME, REF)`` (REF: a
+    version number, an alias, or ``latest``)."""
+    body = spec.removeprefix(PREFIX)
+    name, _, ref = body.rpartition("@") if "@" in body else (body, "", "latest")
+    if not name or not ref:
+        raise ConfigError(
+            f"model {spec!r}: write registry:NAME@ALIAS or registry:NAME@VERSION "
+            "(e.g. registry:tiny-lm@production, registry:tiny-lm@3)."
+        )
+    return name, ref
+
+
+def resolve(spec: str, *, db: str | None = None) -> ResolvedModel:
+    """Weights, model config, tokenizer and lineage of a registered version.
+
+    ``spec``: ``"registry:NAME@ALIAS"``, ``"registry:NAME@3"`` or ``"NAME@ALIAS"``.
+    ``db``: the store (default `default_url`). What ``LLM("registry:...")`` and
+    ``jaxcore serve --model registry:...`` load.
+    """
+    name, ref = parse_spec(spec)
+    reg = Registry(db)
+    try:
+        row = reg.version(name, ref)
+    finally:
+        reg.store.close()
+    meta = row.get("meta") or {}
+    config = meta.get("model_config")
+    if not config:
+        raise ConfigError(
+            f"model {spec!r}: version {row['version']} was registered without a model "
+            "config; register it again with model_config= (or set ctx.model_config in the "
+            "trial so its checkpoints carry it)."
+        )
+    path = pathlib.Path(row["path"])
+    if path.suffix != ".safetensors" or not path.is_file():
+        raise ConfigError(f"model {spec!r}: version {row['version']} has no weights at {path}.")
+    return ResolvedModel(
+        weights_path=str(path.absolute()),
+        config=dict(config),
+        tokenizer_path=meta.get("tokenizer"),
+        lineage=dict(meta.get("lineage") or {}),
+    )

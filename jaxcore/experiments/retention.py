@@ -7,6 +7,10 @@ it). Two more rules keep runs safe: only finished checkpoints (recorded after th
 completed) are ever considered, so one being written is never touched; and the newest
 checkpoint of every trial that may still run (a restart, a PBT continuation, or a PBT
 child about to be cloned from it) is always kept.
+
+Deletion works on paths, not rows: a directory is removed only when no kept row refers
+to it, and its rows are marked ``DELETED`` before the files go (a crash in between
+leaves an orphaned directory, never a ``COMPLETED`` row pointing at nothing).
 """
 
 from __future__ import annotations
@@ -72,17 +76,15 @@ def apply_retention(
     """Delete the checkpoints the policy no longer keeps; returns the deleted rows."""
     rows = store.checkpoints(exp_id=exp_id, state="COMPLETED")
     keep = keep_set(rows, policy, metric, smaller_is_better, protected_trials)
-    deleted = []
+    kept_paths = {r["path"] for r in rows if r["id"] in keep}
+    doomed: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in rows:
-        if r["id"] in keep:
-            continue
-        shutil.rmtree(pathlib.Path(r["path"]), ignore_errors=True)
-        store.mark_deleted(r["id"])
-        deleted.append(r)
-        log.info(
-            "retention: deleted checkpoint %s (trial %d step %d)",
-            r["path"],
-            r["trial_id"],
-            r["step"],
-        )
+        if r["path"] not in kept_paths:
+            doomed[r["path"]].append(r)
+    deleted = []
+    for path, mine in doomed.items():
+        store.mark_deleted([r["id"] for r in mine])
+        shutil.rmtree(pathlib.Path(path), ignore_errors=True)
+        deleted += mine
+        log.info("retention: deleted checkpoint %s (trial %d)", path, mine[0]["trial_id"])
     return deleted

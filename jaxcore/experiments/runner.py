@@ -32,20 +32,59 @@ def load_entrypoint(spec: str) -> Any:
         module = importlib.util.module_from_spec(mod_spec)
         sys.modules[name] = module
         sys.path.insert(0, str(path.parent.resolve()))
-        mod_spec.loader.exec_module(module)
+        try:
+            mod_spec.loader.exec_module(module)
+        except Exception as e:
+            raise ConfigError(
+                f"entrypoint {spec!r}: running {path} raised {type(e).__name__}: {e}"
+            ) from e
     else:
         try:
             module = importlib.import_module(target)
         except ImportError as e:
             raise ConfigError(f"entrypoint {spec!r}: cannot import {target} ({e}).") from None
+        except Exception as e:  # the module itself raised while importing
+            raise ConfigError(
+                f"entrypoint {spec!r}: importing {target} raised {type(e).__name__}: {e}"
+            ) from e
     try:
         return getattr(module, attr)
     except AttributeError:
         raise ConfigError(f"entrypoint {spec!r}: {target} has no {attr!r}.") from None
 
 
+def check_entrypoint(spec: str) -> Any:
+    """Import ``spec`` and check it can be called with a context, before any launch.
+
+    A typo in the entrypoint then costs one clear `ConfigError`, not a launch, a crash and
+    ``max_restarts`` relaunches of every trial.
+    """
+    from jaxcore.experiments.trial_context import Trial
+
+    fn = load_entrypoint(spec)
+    if inspect.isclass(fn):
+        if not issubclass(fn, Trial):
+            raise ConfigError(
+                f"entrypoint {spec!r}: {fn.__name__} is a class but not a "
+                "jaxcore.experiments.Trial subclass; subclass Trial or give a function."
+            )
+        return fn
+    if not callable(fn):
+        raise ConfigError(f"entrypoint {spec!r}: {type(fn).__name__} is not callable.")
+    try:
+        inspect.signature(fn).bind(object())
+    except TypeError:
+        raise ConfigError(
+            f"entrypoint {spec!r}: {getattr(fn, '__name__', fn)} must take one argument, the "
+            "TrialContext (def train(ctx): ...)."
+        ) from None
+    except ValueError:  # no signature (a builtin): let the call decide
+        pass
+    return fn
+
+
 def call_entrypoint(fn: Any, ctx: Any) -> Any:
-    from jaxcore.experiments.context import Trial
+    from jaxcore.experiments.trial_context import Trial
 
     if inspect.isclass(fn) and issubclass(fn, Trial):
         return fn(ctx).run()
@@ -54,8 +93,8 @@ def call_entrypoint(fn: Any, ctx: Any) -> Any:
 
 def run_trial(db_url: str, trial_id: int) -> None:
     """Build the context through the store and run the experiment's entrypoint."""
-    from jaxcore.experiments.context import StoreChannel, TrialContext
     from jaxcore.experiments.store import Store
+    from jaxcore.experiments.trial_context import StoreChannel, TrialContext
 
     store = Store(db_url, create=False)
     row = store.trial(trial_id)

@@ -8,6 +8,12 @@ failing with "database is locked" half-way through a transaction (the recipe in
 SQLAlchemy's pysqlite notes, "Serializable isolation / Savepoints / Transactional DDL").
 Transient lock or serialization errors are retried. Tables are prefixed ``jaxcore_`` so
 an Optuna RDB study (which has its own ``studies``/``trials`` tables) can share the URL.
+
+Schema changes are additive: columns added since a database was created are added to it
+on open (``ALTER TABLE ... ADD COLUMN``, nullable), so older stores keep working and
+readers that do not know the new columns are unaffected. Each store has a UUID
+(``jaxcore_store_info``) that workdirs are bound to, and each experiment one that names
+its directory.
 """
 
 from __future__ import annotations
@@ -18,7 +24,9 @@ import json
 import logging
 import os
 import random
+import threading
 import time
+import uuid as uuidlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -35,13 +43,17 @@ experiments = sa.Table(
     sa.Column("id", sa.Integer, primary_key=True),
     sa.Column("name", sa.String(200), nullable=False),
     sa.Column("config", sa.JSON, nullable=False),
-    sa.Column("state", sa.String(20), nullable=False),  # ACTIVE PAUSED COMPLETED KILLED ERROR
+    # ACTIVE PAUSED COMPLETED FAILED CANCELED (KILLED: stores written before CANCELED)
+    sa.Column("state", sa.String(20), nullable=False),
     sa.Column("workdir", sa.Text, nullable=False),
+    # The loop's snapshot: searcher, event cursor and policies, committed with each turn.
     sa.Column("searcher_state", sa.LargeBinary, nullable=True),
     sa.Column("heartbeat", sa.Float, nullable=True),
     sa.Column("best_metric", sa.Float, nullable=True),
     sa.Column("created", sa.DateTime, nullable=False),
     sa.Column("ended", sa.DateTime, nullable=True),
+    sa.Column("uuid", sa.String(36), nullable=True),  # names the experiment's directory
+    sa.Column("owner", sa.String(300), nullable=True),  # "host pid" of the loop running it
 )
 trials = sa.Table(
     "jaxcore_trials",
@@ -63,6 +75,8 @@ trials = sa.Table(
     sa.Column("exit_code", sa.Integer, nullable=True),
     sa.Column("created", sa.DateTime, nullable=False),
     sa.Column("ended", sa.DateTime, nullable=True),
+    sa.Column("pid", sa.Integer, nullable=True),  # the live trial process (local executor)
+    sa.Column("host", sa.String(200), nullable=True),
 )
 metrics = sa.Table(
     "jaxcore_metrics",
@@ -73,6 +87,7 @@ metrics = sa.Table(
     sa.Column("kind", sa.String(20), nullable=False),  # training | validation
     sa.Column("values", sa.JSON, nullable=False),
     sa.Column("time", sa.Float, nullable=False),
+    sa.Index("jaxcore_metrics_trial_step", "trial_id", "step", "kind"),
 )
 checkpoints = sa.Table(
     "jaxcore_checkpoints",
@@ -86,6 +101,8 @@ checkpoints = sa.Table(
     sa.Column("metrics", sa.JSON, nullable=True),
     sa.Column("created", sa.DateTime, nullable=False),
     sa.Column("deleted", sa.DateTime, nullable=True),
+    sa.Column("meta", sa.JSON, nullable=True),  # model config, tokenizer: for the registry
+    sa.Index("jaxcore_checkpoints_trial_step", "trial_id", "step"),
 )
 models = sa.Table(
     "jaxcore_models",
@@ -120,7 +137,29 @@ aliases = sa.Table(
     sa.Column("version", sa.Integer, nullable=False),
 )
 
+store_info = sa.Table(
+    "jaxcore_store_info",
+    meta,
+    sa.Column("key", sa.String(100), primary_key=True),
+    sa.Column("value", sa.Text, nullable=False),
+)
+
 TERMINAL = ("COMPLETED", "STOPPED", "ERRORED", "CANCELED")
+EXPERIMENT_DONE = ("COMPLETED", "FAILED", "CANCELED", "KILLED")
+
+
+def _add_missing_columns(engine: sa.Engine) -> None:
+    """Additive migration: columns of `meta` that an existing table lacks are added."""
+    with engine.begin() as conn:
+        inspector = sa.inspect(conn)  # on this connection: it holds SQLite's write lock
+        for table in meta.sorted_tables:
+            if not inspector.has_table(table.name):
+                continue
+            have = {c["name"] for c in inspector.get_columns(table.name)}
+            for col in table.columns:
+                if col.name not in have:
+                    kind = col.type.compile(dialect=engine.dialect)
+                    conn.exec_driver_sql(f'ALTER TABLE {table.name} ADD COLUMN "{col.name}" {kind}')
 
 
 def now() -> datetime.datetime:
@@ -128,10 +167,23 @@ def now() -> datetime.datetime:
 
 
 def normalize_url(url: str) -> str:
-    """``postgresql://`` -> ``postgresql+psycopg://`` (psycopg 3 is the pinned driver)."""
+    """``postgresql://`` -> ``postgresql+psycopg://`` (psycopg 3 is the pinned driver);
+    a relative SQLite path -> absolute."""
     if url.startswith("postgresql://") or url.startswith("postgres://"):
         return "postgresql+psycopg://" + url.split("://", 1)[1]
+    if url.startswith("sqlite:///"):  # one spelling per file: trial processes match on it
+        path = url.removeprefix("sqlite:///")
+        if path and path != ":memory:" and not path.startswith("/"):
+            return "sqlite:///" + os.path.abspath(path)
     return url
+
+
+def safe_url(url: str) -> str:
+    """``url`` with its password masked, for messages and logs."""
+    try:
+        return sa.engine.make_url(url).render_as_string(hide_password=True)
+    except Exception:
+        return url
 
 
 def _sqlite_setup(engine: sa.Engine) -> None:
@@ -157,6 +209,8 @@ class Store:
 
     def __init__(self, url: str, *, create: bool = True):
         self.url = normalize_url(url)
+        self._local = threading.local()  # the connection of an open `transaction()`
+        self._uuid: str | None = None
         if self.url.startswith("sqlite:///"):
             path = self.url.removeprefix("sqlite:///")
             if path and path != ":memory:":
@@ -169,6 +223,24 @@ class Store:
             self.engine = sa.create_engine(self.url, pool_pre_ping=True)
         if create:
             self._retry(lambda: meta.create_all(self.engine))
+            self._retry(lambda: _add_missing_columns(self.engine))
+
+    @property
+    def uuid(self) -> str:
+        """This database's identity (created on first use; workdirs are bound to it)."""
+        if self._uuid is None:
+
+            def get_or_create(c):
+                row = c.execute(
+                    sa.select(store_info.c.value).where(store_info.c.key == "uuid")
+                ).scalar()
+                if row is None:
+                    row = str(uuidlib.uuid4())
+                    c.execute(store_info.insert().values(key="uuid", value=row))
+                return row
+
+            self._uuid = self._run(get_or_create)
+        return self._uuid
 
     @property
     def is_sqlite(self) -> bool:
@@ -198,7 +270,30 @@ class Store:
         with self.engine.begin() as conn:
             yield conn
 
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[None]:
+        """Every store call in this thread inside the block commits (or not) as one.
+
+        The experiment loop makes each turn atomic this way: its searcher snapshot, the
+        trials it creates, its decisions and acknowledgements, so a loop killed at any
+        point resumes from a state where every decision it made is either recorded in
+        full or not at all. Not retried: keep the block free of irreversible effects.
+        """
+        if getattr(self._local, "conn", None) is not None:
+            yield  # nested: part of the outer transaction
+            return
+        with self.engine.begin() as conn:
+            self._local.conn = conn
+            try:
+                yield
+            finally:
+                self._local.conn = None
+
     def _run(self, fn: Any) -> Any:
+        conn = getattr(self._local, "conn", None)
+        if conn is not None:
+            return fn(conn)
+
         def attempt():
             with self._tx() as conn:
                 return fn(conn)
@@ -213,8 +308,18 @@ class Store:
         return rows[0] if rows else None
 
     # ----------------------------------------------------------------- experiments
-    def create_experiment(self, name: str, config: dict, workdir: str) -> int:
-        row = dict(name=name, config=config, state="ACTIVE", workdir=workdir, created=now())
+    def create_experiment(
+        self, name: str, config: dict, workdir: str, *, owner: str | None = None
+    ) -> int:
+        row = dict(
+            name=name,
+            config=config,
+            state="ACTIVE",
+            workdir=workdir,
+            created=now(),
+            uuid=str(uuidlib.uuid4()),
+            owner=owner,
+        )
         return self._run(
             lambda c: c.execute(experiments.insert().values(**row)).inserted_primary_key[0]
         )
@@ -231,6 +336,22 @@ class Store:
                 experiments.update().where(experiments.c.id == exp_id).values(**values)
             )
         )
+
+    def claim_experiment(self, exp_id: int, owner: str, expected: str | None) -> bool:
+        """Make ``owner`` the experiment's loop if its owner is still ``expected``.
+
+        A compare-and-set, so of two ``resume`` commands racing for a dead loop's
+        experiment exactly one wins.
+        """
+
+        def cas(c):
+            cond = experiments.c.owner == expected if expected else experiments.c.owner.is_(None)
+            result = c.execute(
+                experiments.update().where(experiments.c.id == exp_id, cond).values(owner=owner)
+            )
+            return result.rowcount == 1
+
+        return self._run(cas)
 
     # ----------------------------------------------------------------- trials
     def create_trial(self, exp_id: int, hparams: dict, max_length: int, **values: Any) -> int:
@@ -263,10 +384,22 @@ class Store:
 
     # ----------------------------------------------------------------- metrics
     def add_metrics(self, trial_id: int, step: int, values: dict, kind: str = "training") -> int:
+        """Record a report; a repeat of a (trial, step, kind) already recorded is not
+        added again (a trial restarted from an older checkpoint re-reports those steps):
+        returns the id of the row that holds it."""
         clean = {k: float(v) for k, v in values.items()}
         row = dict(trial_id=trial_id, step=int(step), kind=kind, values=clean, time=time.time())
 
         def write(c):
+            old = c.execute(
+                sa.select(metrics.c.id).where(
+                    metrics.c.trial_id == trial_id,
+                    metrics.c.step == int(step),
+                    metrics.c.kind == kind,
+                )
+            ).scalar()
+            if old is not None:
+                return old
             new_id = c.execute(metrics.insert().values(**row)).inserted_primary_key[0]
             c.execute(
                 trials.update()
@@ -300,8 +433,25 @@ class Store:
 
     # ----------------------------------------------------------------- checkpoints
     def add_checkpoint(
-        self, trial_id: int, step: int, path: str, fmt: str, values: dict | None = None
+        self,
+        trial_id: int,
+        step: int,
+        path: str,
+        fmt: str,
+        values: dict | None = None,
+        meta_: dict | None = None,
     ) -> int:
+        """Record a finished checkpoint in the ledger: one row per (trial, step, path).
+
+        Saving a step again (a preemption on a checkpoint step, a restarted trial) updates
+        that row instead of adding a second one, so retention can never delete a
+        directory through one row that another row still points at.
+        """
+        key = (
+            checkpoints.c.trial_id == trial_id,
+            checkpoints.c.step == int(step),
+            checkpoints.c.path == str(path),
+        )
         row = dict(
             trial_id=trial_id,
             step=int(step),
@@ -309,11 +459,22 @@ class Store:
             format=fmt,
             state="COMPLETED",
             metrics=values,
+            meta=meta_,
             created=now(),
+            deleted=None,
         )
-        return self._run(
-            lambda c: c.execute(checkpoints.insert().values(**row)).inserted_primary_key[0]
-        )
+
+        def write(c):
+            old = c.execute(sa.select(checkpoints.c.id).where(*key)).scalar()
+            if old is None:
+                return c.execute(checkpoints.insert().values(**row)).inserted_primary_key[0]
+            update = {k: v for k, v in row.items() if v is not None or k == "deleted"}
+            if not values:
+                update.pop("metrics", None)  # a re-save without metrics keeps the ranking
+            c.execute(checkpoints.update().where(checkpoints.c.id == old).values(**update))
+            return old
+
+        return self._run(write)
 
     def checkpoints(
         self, *, trial_id: int | None = None, exp_id: int | None = None, state: str | None = None
@@ -334,11 +495,11 @@ class Store:
     def checkpoint(self, ckpt_id: int) -> dict[str, Any] | None:
         return self._one(sa.select(checkpoints).where(checkpoints.c.id == ckpt_id))
 
-    def mark_deleted(self, ckpt_id: int) -> None:
+    def mark_deleted(self, ckpt_ids: list[int]) -> None:
         self._run(
             lambda c: c.execute(
                 checkpoints.update()
-                .where(checkpoints.c.id == ckpt_id)
+                .where(checkpoints.c.id.in_(list(ckpt_ids)))
                 .values(state="DELETED", deleted=now())
             )
         )

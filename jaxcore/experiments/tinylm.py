@@ -80,10 +80,27 @@ def evaluate(env: dict[str, Any], state: Any, batches: list[Any]) -> float:
     return float(mean.compute()["loss"])
 
 
-def train(ctx: Any, *, on_step: Any = None) -> None:
-    """The trial function: train, validate at the searcher's steps, checkpoint, stop."""
+def effective_lr(state: Any) -> float:
+    """The learning rate the optimizer state holds (what the next step uses)."""
+    from jaxcore.experiments.trial_context import inject_states
+
+    return float(inject_states(state.opt_state)[0].hyperparams["learning_rate"])
+
+
+def train(ctx: Any, *, on_step: Any = None, on_restore: Any = None) -> None:
+    """The trial function: train, validate at the searcher's steps, checkpoint, stop.
+
+    ``on_step(ctx, step)`` / ``on_restore(ctx, state)``: test hooks.
+    """
+    import dataclasses
+
     env = setup(ctx.hparams)
+    ctx.model_config = dataclasses.asdict(env["cfg"])  # registered versions carry it
+    # The restored optimizer state gets this trial's lr and weight decay (hparams_into):
+    # a PBT child trains with its own hyperparameters, not its parent's.
     state, loader = ctx.restore(env["engine"], env["factory"], env["optimizer"], env["loader"])
+    if on_restore is not None:
+        on_restore(ctx, state)
     step_fn = env["engine"].train_step(env["loss_fn"])
     held_out = val_batches(env)
     step = ctx.start_step

@@ -120,3 +120,106 @@ def every_step_quad(ctx) -> None:
         ctx.report(step, {"loss": asha_curve(x, step)})
         if ctx.should_stop():
             break
+
+
+STEP_S = 0.05
+
+
+def _wait_for_earlier_first_rung(ctx) -> None:
+    """Report the first rung in trial-id order, so ASHA's decisions (which depend on the
+    order results arrive in) are the same in every run: the ranking of a run that was
+    killed and resumed can then be compared with an uninterrupted one's exactly."""
+    import time
+
+    while True:
+        earlier = [t for t in ctx.store.trials(ctx.experiment_id) if t["id"] < ctx.trial_id]
+        reported = {
+            m["trial_id"]
+            for m in ctx.store.metrics(exp_id=ctx.experiment_id, kind="validation")
+            if m["step"] == ctx.milestones[0]
+        }
+        if all(t["id"] in reported or t["state"] == "ERRORED" for t in earlier):
+            return
+        time.sleep(0.05)
+
+
+def asha_ckpt(ctx) -> None:
+    """`asha_quad` with a checkpoint every step and a log of what each process trained.
+
+    ``trained.log`` gets ``train <step> <pid>`` for every step trained and ``ckpt <step>
+    <pid>`` once its checkpoint is recorded, so a test can check that a restarted trial
+    resumed from the last checkpoint its earlier processes wrote.
+    """
+    import time
+
+    x = ctx.hparams["x"]
+    ctx.restore()
+    log = ctx.trial_dir / "trained.log"
+    for step in range(ctx.start_step + 1, ctx.max_steps + 1):
+        time.sleep(STEP_S)
+        with open(log, "a") as f:
+            f.write(f"train {step} {os.getpid()}\n")
+        if ctx.validation_due(step):
+            if step == ctx.milestones[0]:
+                _wait_for_earlier_first_rung(ctx)
+            ctx.report(step, {"loss": asha_curve(x, step)})
+        ctx.checkpoint({"x": x}, step=step)
+        with open(log, "a") as f:
+            f.write(f"ckpt {step} {os.getpid()}\n")
+        if ctx.should_stop():
+            break
+
+
+def tiny_preempted(ctx) -> None:
+    """The tiny LM, preempted once (marker file): ``preempt: "<how>@<step>"``.
+
+    ``flag@4`` sets the context's preemption flag after step 4, a checkpoint step, so
+    the trial saves step 4 a second time (it did at its validation) and exits 75;
+    ``sigterm@6`` sends itself a real SIGTERM, which the Checkpointer acts on in the
+    save that follows (its `Preempted` exit).
+    """
+    how, _, at = ctx.hparams["preempt"].partition("@")
+    from jaxcore.experiments import tinylm
+
+    marker = ctx.trial_dir / "preempted-once"
+    starts = ctx.trial_dir / "starts.log"
+
+    def on_restore(ctx, state):
+        with open(starts, "a") as f:
+            f.write(f"{ctx.start_step}\n")
+
+    def on_step(ctx, step):
+        if step == int(at) and not marker.exists():
+            marker.touch()
+            if how == "flag":
+                ctx._sigterm = True
+            else:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    tinylm.train(ctx, on_step=on_step, on_restore=on_restore)
+
+
+def tiny_record_lr(ctx) -> None:
+    """The tiny LM, recording the learning rate its optimizer state holds after restore."""
+    import json
+
+    from jaxcore.experiments import tinylm
+
+    def on_restore(ctx, state):
+        with open(ctx.trial_dir / "restored_lr.jsonl", "a") as f:
+            f.write(
+                json.dumps(
+                    {
+                        "start_step": ctx.start_step,
+                        "lr": tinylm.effective_lr(state),
+                        "hparam": ctx.hparams["lr"],
+                    }
+                )
+                + "\n"
+            )
+
+    tinylm.train(ctx, on_restore=on_restore)
+
+
+def not_a_trial(a, b) -> None:
+    """An entrypoint with the wrong signature."""

@@ -18,6 +18,7 @@ from jaxcore.experiments import (
     run_experiment,
 )
 from jaxcore.experiments.cli import main
+from jaxcore.experiments.trial_context import trial_dir
 
 GOOD = {
     "name": "x",
@@ -168,9 +169,7 @@ def test_cli_train_list_describe_logs_models(raw_config, tmp_path, capsys, monke
     assert "trial" in capsys.readouterr().out
     store = Store(db)
     trial = store.trials(2)[0]
-    log = (
-        pathlib.Path(store.experiment(2)["workdir"]) / "exp-2" / f"trial-{trial['id']}" / "logs.txt"
-    )
+    log = trial_dir(store.experiment(2), trial["id"]) / "logs.txt"
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text("hello from the trial\n")
     assert main(["trial", "logs", str(trial["id"])]) == 0
@@ -236,7 +235,7 @@ def test_cli_pause_resume_kill(raw_config, tmp_path):
         assert steps.count(1) == 1
         assert main(["experiment", "kill", "1", "--db", db]) == 0
         assert proc.wait(timeout=60) == 0
-        assert store.experiment(1)["state"] == "KILLED"
+        assert store.experiment(1)["state"] == "CANCELED"
         assert trial()["state"] == "CANCELED"
     finally:
         if proc.poll() is None:
@@ -304,9 +303,9 @@ def test_stored_config_round_trips(raw_config):
 
 
 def test_device_slots_are_split_between_trials():
-    from jaxcore.experiments.executors import LocalExecutor, trial_env
+    from jaxcore.experiments.trial_executors import SubprocessTrialExecutor, trial_env
 
-    ex = LocalExecutor(devices_per_trial=2, slots=8, platform="gpu")
+    ex = SubprocessTrialExecutor(devices_per_trial=2, slots=8, platform="gpu")
     assert ex.capacity() == 4
     assert trial_env("gpu", [2, 3], {})["CUDA_VISIBLE_DEVICES"] == "2,3"
     env = trial_env(

@@ -12,6 +12,7 @@ import pytest
 
 from jaxcore.experiments import Store, parse_config, run_experiment
 from jaxcore.experiments.config import RetentionConfig
+from jaxcore.experiments.trial_context import trial_dir
 
 N_PROCS, N_METRICS = 4, 1000
 PG_URL = os.environ.get("JAXCORE_TEST_POSTGRES_URL")
@@ -44,12 +45,7 @@ def _concurrent(raw_config, tmp_path, database: str | None):
     assert switches > N_PROCS
     # TensorBoard event files, one folder per trial.
     for t in summary.trials:
-        tb = (
-            pathlib.Path(parse_config(raw).workdir)
-            / f"exp-{summary.experiment_id}"
-            / f"trial-{t['id']}"
-            / "tensorboard"
-        )
+        tb = trial_dir(store.experiment(summary.experiment_id), t["id"]) / "tensorboard"
         assert any(tb.glob("events.out.tfevents.*")), tb
     store.close()
 
@@ -115,7 +111,7 @@ def test_retention_keeps_exactly_the_policy(raw_config, latest, best, exp_best):
     assert len(rows) == 4 * 6
     assert all(not math.isnan(r["metrics"]["loss"]) for r in rows)
     expected = _expected_kept(rows, RetentionConfig(**policy))
-    on_disk = {str(p) for p in pathlib.Path(cfg.workdir).glob("exp-*/trial-*/checkpoints/*")}
+    on_disk = {str(p) for p in pathlib.Path(cfg.workdir).glob("*/trial-*/checkpoints/*")}
     assert on_disk == expected
     # What was deleted is recorded.
     deleted = {r["path"] for r in rows if r["state"] == "DELETED"}

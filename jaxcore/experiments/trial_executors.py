@@ -1,8 +1,16 @@
 """Where trials run: inline (tests, ``jaxcore train``), local subprocesses, or Ray tasks.
 
-Every executor answers the same four calls from the experiment loop: how many trials fit
-(``capacity``), ``launch`` a trial, ``poll`` for trials that ended (with their exit
-status), and ``signal`` one (SIGTERM to preempt, SIGKILL to kill).
+Every trial executor answers the same four calls from the experiment loop: how many
+trials fit (``capacity``), ``launch`` a trial, ``poll`` for trials that ended (with their
+exit status), and ``signal`` one (SIGTERM to preempt, SIGKILL to kill). (Not to be
+confused with the data pipeline's executors in ``data/executor.py``, which run shards.)
+
+Trial processes die with the loop that started them: each runs in its own process group
+(so a signal reaches the trial and its children) with ``PR_SET_PDEATHSIG`` = SIGKILL
+(Linux ``prctl``; the kernel kills the child when the loop dies, even by ``kill -9``).
+A restarted loop therefore never finds a live trial it did not start, and never runs
+two copies of one trial or more trials than its concurrency limit (the same recipe
+torchrun and Ray's raylet use for their workers).
 
 The local executor splits the machine's devices into slots: a trial asking for ``d``
 devices gets ``d`` GPU ids in ``CUDA_VISIBLE_DEVICES`` (TPU: ``TPU_VISIBLE_CHIPS``), or
@@ -56,7 +64,37 @@ def trial_env(platform: str, devices: list[int], base: dict[str, str]) -> dict[s
     return env
 
 
-class Executor(abc.ABC):
+def live_trial_processes(db_url: str, trial_ids: set[int]) -> dict[int, list[int]]:
+    """``{trial id: [pid, ...]}`` of the live trial processes of ``trial_ids`` on this host
+    that report to ``db_url`` (read from ``/proc/<pid>/environ``; Linux only, else {}).
+
+    How a resumed loop makes sure the processes of its predecessor are gone before it
+    launches any trial, and how the tests count the trials alive at a moment.
+    """
+    out: dict[int, list[int]] = {}
+    want_url = f"JAXCORE_DB_URL={db_url}".encode()
+    proc = pathlib.Path("/proc")
+    if not proc.is_dir():
+        return out
+    for d in proc.iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            env = (d / "environ").read_bytes().split(b"\0")
+            state = (d / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state == "Z" or want_url not in env:
+            continue
+        for item in env:
+            if item.startswith(b"JAXCORE_TRIAL_ID="):
+                trial = int(item.split(b"=", 1)[1])
+                if trial in trial_ids:
+                    out.setdefault(trial, []).append(int(d.name))
+    return out
+
+
+class TrialExecutor(abc.ABC):
     """Where trials run: local subprocesses, Ray tasks, or inline (tests)."""
 
     inline = False
@@ -66,8 +104,9 @@ class Executor(abc.ABC):
         """How many trials can run at once."""
 
     @abc.abstractmethod
-    def launch(self, trial_id: int, env: dict[str, str], log_path: pathlib.Path) -> None:
-        """Start trial ``trial_id`` with ``env``, its output going to ``log_path``."""
+    def launch(self, trial_id: int, env: dict[str, str], log_path: pathlib.Path) -> int | None:
+        """Start trial ``trial_id`` with ``env``, its output going to ``log_path``;
+        returns the process id when the trial is a local process."""
 
     @abc.abstractmethod
     def poll(self) -> list[tuple[int, int]]:
@@ -83,7 +122,7 @@ class Executor(abc.ABC):
         """Release the executor's resources (nothing by default)."""
 
 
-class InlineExecutor(Executor):
+class InlineTrialExecutor(TrialExecutor):
     """Runs each trial to its end inside this process, one at a time (deterministic)."""
 
     inline = True
@@ -95,9 +134,9 @@ class InlineExecutor(Executor):
     def capacity(self) -> int:
         return 1
 
-    def launch(self, trial_id: int, env: dict[str, str], log_path: pathlib.Path) -> None:
-        from jaxcore.experiments.context import TrialContext
+    def launch(self, trial_id: int, env: dict[str, str], log_path: pathlib.Path) -> int | None:
         from jaxcore.experiments.runner import call_entrypoint, load_entrypoint
+        from jaxcore.experiments.trial_context import TrialContext
 
         ctx = TrialContext(store=self.loop.store, trial_id=trial_id, channel=self.loop.channel)
         code = 0
@@ -114,13 +153,14 @@ class InlineExecutor(Executor):
         finally:
             ctx.close()
         self._done.append((trial_id, code))
+        return None
 
     def poll(self) -> list[tuple[int, int]]:
         done, self._done = self._done, []
         return done
 
 
-class LocalExecutor(Executor):
+class SubprocessTrialExecutor(TrialExecutor):
     """Trial subprocesses on this machine, each with its own device slot."""
 
     def __init__(
@@ -136,7 +176,7 @@ class LocalExecutor(Executor):
     def capacity(self) -> int:
         return max(1, self.total // self.per_trial)
 
-    def launch(self, trial_id: int, env: dict[str, str], log_path: pathlib.Path) -> None:
+    def launch(self, trial_id: int, env: dict[str, str], log_path: pathlib.Path) -> int | None:
         devices, self.free = self.free[: self.per_trial], self.free[self.per_trial :]
         log_path.parent.mkdir(parents=True, exist_ok=True)
         out = open(log_path, "ab")  # noqa: SIM115 (held open for the process's life)
@@ -147,9 +187,11 @@ class LocalExecutor(Executor):
             env=trial_env(self.platform, devices, env),
             stdout=out,
             stderr=subprocess.STDOUT,
-            start_new_session=True,  # a trial and its children are signalled as a group
+            # Own process group (signalled as one) that dies with this process.
+            preexec_fn=_group_dying_with(os.getpid()),
         )
         self.procs[trial_id] = (proc, devices, out)
+        return proc.pid
 
     def poll(self) -> list[tuple[int, int]]:
         done = []
@@ -180,14 +222,32 @@ class LocalExecutor(Executor):
         self.procs.clear()
 
 
-def _die_with_parent() -> None:
-    """Linux: the child gets SIGKILL when its parent dies (a force-cancelled Ray task)."""
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent(parent: int | None = None) -> None:
+    """Linux: this (child) process gets SIGKILL when its parent dies.
+
+    Runs between fork and exec. If the parent died before the ``prctl`` took effect the
+    signal never comes, so the parent pid is checked afterwards (the race documented
+    in ``prctl(2)``). Elsewhere (macOS) a no-op.
+    """
     try:
         import ctypes
 
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
     except OSError:
-        pass
+        return
+    if parent is not None and os.getppid() != parent:
+        os._exit(1)
+
+
+def _group_dying_with(parent: int) -> Any:
+    def setup() -> None:
+        os.setsid()
+        _die_with_parent(parent)
+
+    return setup
 
 
 def _ray_trial(env: dict[str, str], log_path: str) -> int:
@@ -208,7 +268,7 @@ def _ray_trial(env: dict[str, str], log_path: str) -> int:
                 proc.kill()
 
 
-class RayExecutor(Executor):
+class RayTrialExecutor(TrialExecutor):
     """Trials as Ray tasks on a cluster (``ray.init(address)``); the store must be shared.
 
     Each task asks Ray for ``devices`` GPUs (``num_gpus``) when the cluster has GPUs, or
@@ -239,13 +299,14 @@ class RayExecutor(Executor):
     def capacity(self) -> int:
         return self.cap
 
-    def launch(self, trial_id: int, env: dict[str, str], log_path: pathlib.Path) -> None:
+    def launch(self, trial_id: int, env: dict[str, str], log_path: pathlib.Path) -> int | None:
         if self.gpus:
             task = self.ray.remote(num_gpus=self.per_trial, num_cpus=1)(_ray_trial)
         else:
             task = self.ray.remote(num_cpus=1)(_ray_trial)
             env = trial_env("cpu", list(range(self.per_trial)), env)
         self.refs[trial_id] = task.remote(env, str(log_path))
+        return None
 
     def poll(self) -> list[tuple[int, int]]:
         if not self.refs:

@@ -5,7 +5,8 @@ In the spirit of Determined's Core API (``core.train.report_*``, ``core.preempt`
 
     def train(ctx: TrialContext) -> None:
         lr = ctx.hparams["lr"]
-        state, loader = ctx.restore(engine, model_factory, optax.adamw(lr), loader)
+        opt = optax.inject_hyperparams(optax.adamw)(learning_rate=ctx.hparams["lr"])
+        state, loader = ctx.restore(engine, model_factory, opt, loader)
         for step in range(ctx.start_step + 1, ctx.max_steps + 1):
             state, m = train_step(state, next(loader))
             if ctx.validation_due(step):
@@ -18,6 +19,12 @@ In the spirit of Determined's Core API (``core.train.report_*``, ``core.preempt`
 report that carries the searcher metric is a validation: the searcher sees it before the
 trial goes on (the call waits for its acknowledgement), so ``should_stop`` reflects the
 decision at once, as with Determined's searcher operations.
+
+Hyperparameters win over restored state: `restore` puts the values the trial's own
+optimizer was built with into the restored optimizer state (optax's
+``inject_hyperparams`` keeps them there), so a PBT child that clones its parent's
+checkpoint trains with its own, perturbed, learning rate. `hparams_into` does the same
+for a trial that restores by other means.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ import os
 import pathlib
 import shutil
 import signal
+import socket
 import threading
 import time
 from typing import Any, Protocol
@@ -38,6 +46,7 @@ from jaxcore.experiments.store import Store
 log = logging.getLogger(__name__)
 
 ACK_TIMEOUT_S = 600.0
+SUPERSEDED = 76  # exit status of a trial process that finds another copy owns its trial
 
 
 class Channel(Protocol):
@@ -61,6 +70,12 @@ class StoreChannel:
     def _refresh(self, trial_id: int) -> dict[str, Any]:
         self._row = self.store.trial(trial_id) or {}
         self._checked = time.monotonic()
+        pid = self._row.get("pid")
+        if pid is not None and pid != os.getpid() and self._row.get("host") == socket.gethostname():
+            # A loop launched another copy of this trial (this one outlived its loop):
+            # two copies must never share a directory, so the stale one leaves at once.
+            log.error("trial %d: process %d owns this trial now; exiting", trial_id, pid)
+            os._exit(SUPERSEDED)
         return self._row
 
     def validation(self, trial_id: int, step: int, values: dict[str, float]) -> None:
@@ -83,7 +98,7 @@ class StoreChannel:
         # Checked every training step: read the store at most once a second.
         if time.monotonic() - self._paused_checked > 1.0:
             exp = self.store.experiment(self.exp_id) or {}
-            self._paused = exp.get("state") in ("PAUSED", "KILLED")
+            self._paused = exp.get("state") in ("PAUSED", "CANCELED", "KILLED")
             self._paused_checked = time.monotonic()
         return self._paused
 
@@ -97,8 +112,12 @@ class TrialContext:
         max_steps: train up to this step (the searcher's length for the trial).
         start_step: the step restored from (0 when fresh); set by `restore`.
         milestones: steps the searcher wants a validation at (ASHA's rungs).
-        trial_dir: ``<workdir>/exp-<id>/trial-<id>``: checkpoints, logs, TensorBoard.
+        trial_dir: ``<workdir>/<experiment uuid>/trial-<id>``: checkpoints, logs,
+            TensorBoard.
         searcher_metric: the metric whose reports are validations.
+        model_config: set it (a dict, e.g. ``dataclasses.asdict(TransformerConfig)``)
+            and every checkpoint records it, so a registered version is self-describing.
+        tokenizer_path: likewise, the tokenizer file the model was trained with.
     """
 
     def __init__(
@@ -124,7 +143,9 @@ class TrialContext:
         self.restarts: int = int(row["restarts"])
         self.searcher_metric: str = self.config["searcher"]["metric"]
         self.validation_period = validation_period
-        self.trial_dir = trial_dir(exp["workdir"], self.experiment_id, trial_id)
+        self.trial_dir = trial_dir(exp, trial_id)
+        self.model_config: dict[str, Any] | None = None
+        self.tokenizer_path: str | None = None
         self.checkpoint_dir = self.trial_dir / "checkpoints"
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         self._last_validation: dict[str, float] = {}
@@ -227,23 +248,58 @@ class TrialContext:
         if isinstance(state, TrainState):
             import jax
 
+            from jaxcore.checkpoint import Preempted
+
             ckpt = self.checkpointer()
             step = int(jax.device_get(state.step)) if step is None else int(step)
-            ckpt.save(state, loader, metrics=values or None, force=True, step=step)
-            ckpt.wait()
-            path, fmt = ckpt.step_dir(step), "orbax"
-        else:
-            if step is None:
-                raise ValueError("ctx.checkpoint(state, step=...): give the step of a plain state")
-            path, fmt = self.checkpoint_dir / str(int(step)), "json"
-            tmp = self.checkpoint_dir / f".tmp-{step}"
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)
-            (tmp / "state.json").write_text(json.dumps({"step": int(step), "state": state}))
-            shutil.rmtree(path, ignore_errors=True)
+            path = ckpt.step_dir(step)
+            try:
+                # A step that is already saved is kept as it is (Checkpointer.save skips
+                # it): its ledger row is updated below, never duplicated.
+                ckpt.save(state, loader, metrics=values or None, force=True, step=step)
+                ckpt.wait()
+            except Preempted:
+                # The SIGTERM save finished: record it like any other before exiting, or
+                # retention and restarts would not know it exists.
+                self._record(step, path, "orbax", values)
+                raise
+            self._record(step, path, "orbax", values)
+            return path
+        if step is None:
+            raise ValueError("ctx.checkpoint(state, step=...): give the step of a plain state")
+        path = self.checkpoint_dir / str(int(step))
+        tmp = self.checkpoint_dir / f".tmp-{step}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        (tmp / "state.json").write_text(json.dumps({"step": int(step), "state": state}))
+        if path.exists():  # a re-save of the step: swap atomically, same path, same row
+            old = self.checkpoint_dir / f".old-{step}"
+            shutil.rmtree(old, ignore_errors=True)
+            os.replace(path, old)
             os.replace(tmp, path)
-        self.store.add_checkpoint(self.trial_id, step, str(path), fmt, values)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, path)
+        self._record(step, path, "json", values)
         return path
+
+    def _record(self, step: int, path: pathlib.Path, fmt: str, values: dict | None) -> None:
+        meta = None
+        if self.model_config is not None or self.tokenizer_path is not None:
+            meta = {"model_config": self.model_config, "tokenizer": self.tokenizer_path}
+        self.store.add_checkpoint(self.trial_id, step, str(path), fmt, values or None, meta)
+
+    def _record_unlisted(self) -> None:
+        """Checkpoints on disk but not in the ledger (the process died between the save
+        and its record) are recorded now, so the restart and retention both see them."""
+        listed = {r["path"] for r in self.store.checkpoints(trial_id=self.trial_id)}
+        for d in self.checkpoint_dir.iterdir() if self.checkpoint_dir.exists() else ():
+            if not d.name.isdigit() or str(d) in listed:
+                continue
+            if (d / "state.json").exists():
+                self._record(int(d.name), d, "json", None)
+            elif self._checkpointer is not None and int(d.name) in self._checkpointer.all_steps():
+                self._record(int(d.name), d, "orbax", None)
 
     def latest_checkpoint(self) -> dict[str, Any] | None:
         """The newest checkpoint row of this trial that is still on disk."""
@@ -256,14 +312,20 @@ class TrialContext:
     ) -> Any:
         """Resume from this trial's latest checkpoint (or its PBT parent's), else start.
 
-        With an engine: ``(state, loader)`` as from `Checkpointer.restore_or_init`. Without
-        one: the saved plain state, or ``None`` when there is none. Sets ``start_step``.
+        With an engine: ``(state, loader)`` as from `Checkpointer.restore_or_init`, with
+        the optimizer's hyperparameters taken from ``optimizer`` (`hparams_into`), not
+        from the checkpoint. Without one: the saved plain state, or ``None`` when there
+        is none. Sets ``start_step``.
         """
         if engine is not None:
             ckpt = self.checkpointer()
+            self._record_unlisted()
             state, loader = ckpt.restore_or_init(engine, model, optimizer, loader)
             self.start_step = ckpt.resumed_step or 0
+            if ckpt.resumed_step is not None:
+                state = self.hparams_into(state, optimizer)
             return state, loader
+        self._record_unlisted()
         row = self.latest_checkpoint()
         if row is None:
             self.start_step = 0
@@ -271,6 +333,15 @@ class TrialContext:
         saved = json.loads((pathlib.Path(row["path"]) / "state.json").read_text())
         self.start_step = int(saved["step"])
         return saved["state"]
+
+    def hparams_into(self, state: Any, optimizer: Any) -> Any:
+        """``state`` with the hyperparameters ``optimizer`` was built with.
+
+        A restored optimizer state carries the values it was saved with (optax's
+        ``inject_hyperparams`` keeps them in the state, not in the program); this puts
+        the trial's own values back, so its hyperparameters win over the checkpoint's.
+        """
+        return state.replace(opt_state=apply_hyperparams(state.opt_state, optimizer, state.params))
 
     def close(self) -> None:
         if self._checkpointer is not None:
@@ -294,5 +365,56 @@ class Trial:
         raise NotImplementedError("a Trial subclass implements run()")
 
 
-def trial_dir(workdir: str, exp_id: int, trial_id: int) -> pathlib.Path:
-    return pathlib.Path(workdir) / f"exp-{exp_id}" / f"trial-{trial_id}"
+def trial_dir(experiment: dict[str, Any], trial_id: int) -> pathlib.Path:
+    """``<workdir>/<experiment uuid>/trial-<id>`` (``exp-<id>`` for pre-UUID stores)."""
+    name = experiment.get("uuid") or f"exp-{experiment['id']}"
+    return pathlib.Path(experiment["workdir"]) / name / f"trial-{trial_id}"
+
+
+def _is_inject_state(node: Any) -> bool:
+    fields = getattr(node, "_fields", ())
+    return "hyperparams" in fields and "inner_state" in fields
+
+
+def inject_states(tree: Any) -> list[Any]:
+    """The ``inject_hyperparams`` states inside an optimizer state, in tree order."""
+    import jax
+
+    leaves = jax.tree_util.tree_leaves(tree, is_leaf=_is_inject_state)
+    return [x for x in leaves if _is_inject_state(x)]
+
+
+def apply_hyperparams(opt_state: Any, optimizer: Any, params: Any) -> Any:
+    """``opt_state`` with every ``inject_hyperparams`` value replaced by ``optimizer``'s.
+
+    The fresh values come from ``optimizer.init`` on scalar stand-ins for the parameters
+    (no optimizer-sized allocation); the replaced values keep the restored arrays' dtype
+    and sharding. Scheduled hyperparameters follow the optimizer's schedule from the
+    restored step at the next update, as optax computes them then.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    restored = inject_states(opt_state)
+    if not restored:
+        return opt_state
+    fresh = inject_states(optimizer.init(jax.tree.map(lambda x: jnp.zeros((), x.dtype), params)))
+    if len(fresh) != len(restored):  # the init depends on shapes: use the real ones
+        fresh = inject_states(optimizer.init(params))
+    mine = {id(old): new for old, new in zip(restored, fresh, strict=True)}
+
+    def replace(node: Any) -> Any:
+        if not _is_inject_state(node):
+            return node
+        new = mine[id(node)].hyperparams
+        values = {}
+        for k, old in node.hyperparams.items():
+            if k not in new:
+                values[k] = old
+                continue
+            value = jnp.asarray(new[k], dtype=getattr(old, "dtype", None))
+            sharding = getattr(old, "sharding", None)
+            values[k] = jax.device_put(value, sharding) if sharding is not None else value
+        return node._replace(hyperparams=values)
+
+    return jax.tree.map(replace, opt_state, is_leaf=_is_inject_state)

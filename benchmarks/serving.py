@@ -48,7 +48,7 @@ if THREADS == 1:
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from inference import EngineConfig, SamplingParams, Scheduler  # noqa: E402
+from inference import ServingConfig, SamplingParams, Scheduler  # noqa: E402
 from inference.engine import SlotEngine  # noqa: E402
 from inference.hf import to_hf_llama  # noqa: E402
 from inference.tokenizer import ByteTokenizer  # noqa: E402
@@ -145,10 +145,10 @@ def main(argv: list[str] | None = None) -> dict:
     prompts = rng.integers(32, 127, (n_requests, PROMPT)).tolist()
     buckets = (PROMPT,)
     batched = SlotEngine(
-        CFG, params, EngineConfig(slots=16, prefill_buckets=buckets, max_len=PROMPT + NEW)
+        CFG, params, ServingConfig(slots=16, prefill_buckets=buckets, max_len=PROMPT + NEW)
     )
     single = SlotEngine(
-        CFG, params, EngineConfig(slots=1, prefill_buckets=buckets, max_len=PROMPT + NEW)
+        CFG, params, ServingConfig(slots=1, prefill_buckets=buckets, max_len=PROMPT + NEW)
     )
     batched.warmup()
     single.warmup()

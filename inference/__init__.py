@@ -7,7 +7,7 @@ server for jaxcore models.
 """
 
 from inference.batching import QueueFullError, Request, RequestError, Scheduler
-from inference.engine import EngineConfig, SlotEngine
+from inference.engine import ServingConfig, SlotEngine
 from inference.llm import LLM, Completion
 from inference.quantize import QuantizedWeight, quantize_weights, smooth_weights
 from inference.sampling import SamplingParams, sample_tokens
@@ -18,7 +18,7 @@ __all__ = [
     "LLM",
     "ByteTokenizer",
     "Completion",
-    "EngineConfig",
+    "ServingConfig",
     "HFTokenizer",
     "QuantizedWeight",
     "QueueFullError",

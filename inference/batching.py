@@ -291,7 +291,9 @@ class Scheduler:
         for i, r in enumerate(holders):
             if r is None or r.finish_reason is not None or self.slots[i] is not r:
                 continue  # the slot was free, or its request ended before this step
-            r._add(int(out.tokens[i]), float(out.logprobs[i]), out.top_ids[i], out.top_logprobs[i])
+            self._add(
+                r, int(out.tokens[i]), float(out.logprobs[i]), out.top_ids[i], out.top_logprobs[i]
+            )
             self.stats["generation_tokens_total"] += 1
             if r.finish_reason is None and len(r.prompt) + len(r.output) >= self.max_len:
                 r._finish("length")
@@ -299,6 +301,17 @@ class Scheduler:
                 self._release(i)
             else:
                 r._notify()
+
+    @staticmethod
+    def _add(r: Request, *token: Any) -> None:
+        # A failure that belongs to one request (its tokenizer, its stop strings) fails
+        # that request only; the scheduler thread keeps serving the others.
+        try:
+            r._add(*token)
+        except Exception as e:
+            log.exception("request %d failed while adding a token", r.id)
+            r.error = e
+            r._finish("error")
 
     def _next_request(self) -> Request | None:
         while True:
@@ -348,7 +361,7 @@ class Scheduler:
             r.first_token_time = time.perf_counter()
             r._finish("length")
         else:
-            r._add(out.token, out.logprob, out.top_ids, out.top_logprobs)
+            self._add(r, out.token, out.logprob, out.top_ids, out.top_logprobs)
             self.stats["generation_tokens_total"] += 1
         self.slots[slot] = r
         if r.finish_reason is not None:

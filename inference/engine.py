@@ -42,7 +42,7 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
-class EngineConfig:
+class ServingConfig:
     """How a model is laid out for serving.
 
     Attributes:
@@ -70,24 +70,24 @@ class EngineConfig:
 
     def __post_init__(self) -> None:
         if not isinstance(self.slots, int) or self.slots < 1:
-            raise jc.ConfigError(f"EngineConfig.slots={self.slots!r}: must be an integer >= 1.")
+            raise jc.ConfigError(f"ServingConfig.slots={self.slots!r}: must be an integer >= 1.")
         if self.max_len is not None and self.max_len < 2:
-            raise jc.ConfigError(f"EngineConfig.max_len={self.max_len!r}: must be >= 2.")
+            raise jc.ConfigError(f"ServingConfig.max_len={self.max_len!r}: must be >= 2.")
         if self.dtype not in DTYPES:
-            raise jc.ConfigError(f"EngineConfig.dtype={self.dtype!r}: use one of {list(DTYPES)}.")
+            raise jc.ConfigError(f"ServingConfig.dtype={self.dtype!r}: use one of {list(DTYPES)}.")
         if self.quantize not in QUANT_MODES:
             raise jc.ConfigError(
-                f"EngineConfig.quantize={self.quantize!r}: use one of {list(QUANT_MODES)}."
+                f"ServingConfig.quantize={self.quantize!r}: use one of {list(QUANT_MODES)}."
             )
         if not 0 <= self.smooth_alpha <= 1:
             raise jc.ConfigError(
-                f"EngineConfig.smooth_alpha={self.smooth_alpha!r}: must be in [0, 1]."
+                f"ServingConfig.smooth_alpha={self.smooth_alpha!r}: must be in [0, 1]."
             )
         if self.prefill_buckets is not None and (
             not self.prefill_buckets or any(b < 1 for b in self.prefill_buckets)
         ):
             raise jc.ConfigError(
-                f"EngineConfig.prefill_buckets={self.prefill_buckets!r}: give positive lengths."
+                f"ServingConfig.prefill_buckets={self.prefill_buckets!r}: give positive lengths."
             )
 
 
@@ -145,15 +145,15 @@ class SlotEngine:
         self,
         cfg: TransformerConfig,
         params: dict[str, Any],
-        config: EngineConfig | None = None,
+        config: ServingConfig | None = None,
         *,
         calibration: list[np.ndarray] | None = None,
     ):
-        self.config = config = config or EngineConfig()
+        self.config = config = config or ServingConfig()
         self.model_config = cfg
         if config.max_len is not None and config.max_len > cfg.max_seq_len:
             raise jc.ConfigError(
-                f"EngineConfig.max_len={config.max_len} is above the model's max_seq_len="
+                f"ServingConfig.max_len={config.max_len} is above the model's max_seq_len="
                 f"{cfg.max_seq_len}; lower it (or leave it None to use max_seq_len)."
             )
         self.max_len = config.max_len or cfg.max_seq_len
@@ -191,7 +191,7 @@ class SlotEngine:
         ways = int(np.prod([self.mesh.shape[a] for a in jax.tree.leaves(batch_axes)] or [1]))
         if self.config.slots % ways:
             raise jc.ConfigError(
-                f"EngineConfig.slots={self.config.slots} does not split over the {ways} "
+                f"ServingConfig.slots={self.config.slots} does not split over the {ways} "
                 f"data-parallel ways of {parallel}; use a multiple of {ways}."
             )
         wk_spec = tuple(weights["blocks"]["wk"].sharding.spec) + (None,) * 4
@@ -208,7 +208,7 @@ class SlotEngine:
         if self.config.quantize == "int8-smooth":
             if not calibration:
                 raise jc.ConfigError(
-                    "EngineConfig.quantize='int8-smooth' needs calibration batches: pass "
+                    "ServingConfig.quantize='int8-smooth' needs calibration batches: pass "
                     "calibration=[token id arrays of shape (batch, length)]."
                 )
             stats = qz.calibrate(self.model_config, weights, calibration)

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from inference.batching import Request, Scheduler, run_to_completion
-from inference.engine import EngineConfig, SlotEngine
+from inference.engine import ServingConfig, SlotEngine
 from inference.sampling import SamplingParams
 from inference.tokenizer import Tokenizer, load_tokenizer
 from inference.weights import resolve
@@ -62,7 +62,7 @@ class LLM:
         model: a registry name (``tiny``...), a ``.safetensors`` path, a `TrainState` or a
             params dict (the last two with ``config=``).
         config: the `TransformerConfig` when ``model`` carries none.
-        engine: slots, buckets, dtype, quantization and mesh (`EngineConfig`).
+        engine: slots, buckets, dtype, quantization and mesh (`ServingConfig`).
         tokenizer: a tokenizer, a ``tokenizer.json`` path, or ``None`` for bytes.
         calibration: texts or token-id arrays for ``quantize='int8-smooth'``.
         queue_size: waiting requests before `QueueFullError`.
@@ -74,16 +74,14 @@ class LLM:
         model: Any,
         *,
         config: TransformerConfig | None = None,
-        engine: EngineConfig | None = None,
+        engine: ServingConfig | None = None,
         tokenizer: Tokenizer | str | None = None,
         calibration: list[Any] | None = None,
         queue_size: int = 256,
         seed: int = 0,
     ):
         cfg, params = resolve(model, config=config, seed=seed)
-        self.tokenizer = (
-            tokenizer if hasattr(tokenizer, "encode") else load_tokenizer(tokenizer)  # type: ignore[arg-type]
-        )
+        self.tokenizer = load_tokenizer(tokenizer)
         batches = None
         if calibration:
             batches = [

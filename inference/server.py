@@ -519,14 +519,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     import uvicorn
 
     import jaxcore as jc
-    from inference.engine import EngineConfig
+    from inference.engine import ServingConfig
 
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper())
     parallel = None
     if args.tensor > 1 or args.data > 1:
         parallel = jc.ParallelConfig(data=args.data, tensor=args.tensor, fsdp=1)
-    engine = EngineConfig(
+    engine = ServingConfig(
         slots=args.slots,
         max_len=args.max_len,
         dtype=args.dtype,

@@ -71,10 +71,16 @@ class HFTokenizer:
         return self._tok.decode([token_id], skip_special_tokens=False)
 
 
-def load_tokenizer(path: str | Path | None = None) -> Tokenizer:
-    """A tokenizer from ``path`` (a ``tokenizer.json`` or a folder holding one), else bytes."""
+def load_tokenizer(path: str | Path | Tokenizer | None = None) -> Tokenizer:
+    """A tokenizer from ``path`` (a ``tokenizer.json`` or a folder holding one), else bytes.
+
+    A ``str`` is always a path: it has an ``encode`` method too, which once made it pass
+    for a tokenizer object.
+    """
     if path is None:
         return ByteTokenizer()
+    if not isinstance(path, str | Path):
+        return path
     path = Path(path)
     if path.is_dir():
         path = path / "tokenizer.json"

@@ -8,7 +8,7 @@ import optax
 import pytest
 
 import jaxcore as jc
-from inference import EngineConfig
+from inference import ServingConfig
 from inference.engine import SlotEngine
 from inference.quantize import weight_bytes
 from jaxcore.models import Transformer, TransformerConfig, lm_loss
@@ -55,12 +55,12 @@ def _evaluate(engine: SlotEngine, windows):
 def test_int8_memory_agreement_and_perplexity(trained):
     params, windows = trained
     buckets = (SEQ,)
-    fp32 = SlotEngine(CFG, params, EngineConfig(slots=1, prefill_buckets=buckets))
-    int8 = SlotEngine(CFG, params, EngineConfig(slots=1, prefill_buckets=buckets, quantize="int8"))
+    fp32 = SlotEngine(CFG, params, ServingConfig(slots=1, prefill_buckets=buckets))
+    int8 = SlotEngine(CFG, params, ServingConfig(slots=1, prefill_buckets=buckets, quantize="int8"))
     smooth = SlotEngine(
         CFG,
         params,
-        EngineConfig(slots=1, prefill_buckets=buckets, quantize="int8-smooth"),
+        ServingConfig(slots=1, prefill_buckets=buckets, quantize="int8-smooth"),
         calibration=[np.asarray(windows[:4])],
     )
     bf16_bytes = fp32.float_bytes // 2

@@ -18,7 +18,7 @@ import numpy as np
 import openai
 import pytest
 
-from inference import LLM, EngineConfig
+from inference import LLM, ServingConfig
 from inference.server import BackgroundServer, create_app
 from inference.weights import build_model, init_params
 from jaxcore.models import TransformerConfig
@@ -30,7 +30,7 @@ NAME = "tiny-test"
 @pytest.fixture(scope="module")
 def served():
     params = init_params(CFG, seed=4)
-    llm = LLM(params, config=CFG, engine=EngineConfig(slots=8, prefill_buckets=(16, 64)))
+    llm = LLM(params, config=CFG, engine=ServingConfig(slots=8, prefill_buckets=(16, 64)))
     llm.engine.warmup()
     server = BackgroundServer(create_app(llm, model_name=NAME, max_tokens_limit=48))
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)

@@ -9,7 +9,7 @@ import pytest
 
 import jaxcore as jc
 from inference import (
-    EngineConfig,
+    ServingConfig,
     SamplingParams,
     Scheduler,
     load_tokenizer,
@@ -81,7 +81,7 @@ def test_greedy_generation_equals_hugging_face_generate():
             ids, attention_mask=torch.ones_like(ids), max_new_tokens=20, do_sample=False
         )
         hf_logits = hf(ids).logits[0].numpy()
-    engine = SlotEngine(CFG, params, EngineConfig(slots=1, prefill_buckets=(16,)))
+    engine = SlotEngine(CFG, params, ServingConfig(slots=1, prefill_buckets=(16,)))
     (ours,) = run_to_completion(
         Scheduler(engine, ByteTokenizer()),
         [(prompt, SamplingParams(max_tokens=20, prompt_logprobs=True))],

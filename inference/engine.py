@@ -1,13 +1,15 @@
-"""The device side of serving: weights on a mesh, a fixed set of decode slots, and three
-jitted functions: prefill-and-insert (one compile per prompt bucket), decode (one compile)
-and scoring.
+"""The device side of serving: weights on a mesh, a fixed set of decode slots, and two
+jitted functions: prefill-and-insert (one compile per prompt bucket) and a multi-step
+decode (one compile).
 
 This is JetStream's prefill / insert / generate split: a prompt is prefilled alone, padded
 to the next bucket length, and its cache written into a free slot while the other slots
-keep their state; each decode step advances every slot by one token with a fixed shape, so
-requests coming and going never recompile. Shardings come from the same `ParallelConfig`
-and logical-axis rules as training (weights: heads and MLP over ``tensor``; the cache:
-slots over ``data``/``fsdp``, key/value heads over ``tensor``).
+keep their state. A decode dispatch advances every live slot by up to
+``ServingConfig.decode_steps`` tokens in one ``lax.scan``, with the stop checks (EOS and
+stop tokens, ``max_tokens``, the context length) on device, so the host pays one round
+trip per K tokens instead of one per token (as MaxText's and JetStream's generate loops
+keep the loop on device). Penalties, ``min_tokens`` and per-slot sampling settings are
+arrays in the slot state, so one compiled step serves any mix of requests.
 """
 
 from __future__ import annotations
@@ -19,16 +21,18 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
-from flax import struct
-from jax.sharding import NamedSharding, PartitionSpec
+from flax import nnx, struct
+from jax.sharding import NamedSharding
 
 import jaxcore as jc
 from inference import quantize as qz
-from inference.sampling import MAX_TOP_LOGPROBS, sample_tokens, token_logprobs
+from inference.config import DTYPES, ServingConfig
+from inference.placement import place
+from inference.sampling import MAX_TOP_LOGPROBS, penalize, sample_tokens, token_logprobs
 from inference.weights import build_model
 from jaxcore.models import (
     KVCache,
+    Transformer,
     TransformerConfig,
     TransformerDecoder,
     decoding_weights,
@@ -37,80 +41,54 @@ from jaxcore.models import (
 
 log = logging.getLogger(__name__)
 
-QUANT_MODES = (None, "int8", "int8-smooth")
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class ServingConfig:
-    """How a model is laid out for serving.
-
-    Attributes:
-        slots: sequences decoded together (the continuous-batching width).
-        max_len: positions per slot (prompt + completion); defaults to the model's
-            ``max_seq_len``.
-        prefill_buckets: prompt lengths prompts are padded up to (one compile each);
-            defaults to powers of two from 16 up to ``max_len``.
-        dtype: compute dtype of weights and cache (``float32`` or ``bfloat16``).
-        quantize: ``None``, ``int8`` (per-channel absmax) or ``int8-smooth`` (SmoothQuant
-            scales calibrated on ``calibration`` batches first).
-        smooth_alpha: SmoothQuant's migration strength.
-        parallel: mesh layout; ``None`` serves on one device.
-        seed: seed of the keys of requests that bring none.
-    """
-
-    slots: int = 8
-    max_len: int | None = None
-    prefill_buckets: tuple[int, ...] | None = None
-    dtype: str = "float32"
-    quantize: str | None = None
-    smooth_alpha: float = 0.5
-    parallel: jc.ParallelConfig | None = None
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.slots, int) or self.slots < 1:
-            raise jc.ConfigError(f"ServingConfig.slots={self.slots!r}: must be an integer >= 1.")
-        if self.max_len is not None and self.max_len < 2:
-            raise jc.ConfigError(f"ServingConfig.max_len={self.max_len!r}: must be >= 2.")
-        if self.dtype not in DTYPES:
-            raise jc.ConfigError(f"ServingConfig.dtype={self.dtype!r}: use one of {list(DTYPES)}.")
-        if self.quantize not in QUANT_MODES:
-            raise jc.ConfigError(
-                f"ServingConfig.quantize={self.quantize!r}: use one of {list(QUANT_MODES)}."
-            )
-        if not 0 <= self.smooth_alpha <= 1:
-            raise jc.ConfigError(
-                f"ServingConfig.smooth_alpha={self.smooth_alpha!r}: must be in [0, 1]."
-            )
-        if self.prefill_buckets is not None and (
-            not self.prefill_buckets or any(b < 1 for b in self.prefill_buckets)
-        ):
-            raise jc.ConfigError(
-                f"ServingConfig.prefill_buckets={self.prefill_buckets!r}: give positive lengths."
-            )
-
 
 class SlotState(struct.PyTreeNode):
     """Everything the decode step carries per slot (donated from step to step)."""
 
     cache: KVCache
     tokens: jax.Array  # (slots,) the last token of each slot: the next decode input
+    alive: jax.Array  # (slots,) bool: still generating (cleared on device at a stop)
     keys: jax.Array  # (slots, 2) uint32 raw key data
     counters: jax.Array  # (slots,) tokens drawn so far (folded into the key)
+    max_tokens: jax.Array
+    min_tokens: jax.Array
     temperature: jax.Array
     top_k: jax.Array
     top_p: jax.Array
+    repetition: jax.Array
+    presence: jax.Array
+    frequency: jax.Array
+    stop_mask: jax.Array  # (slots, vocab) bool: EOS and stop_token_ids
+    seen: jax.Array  # (slots, vocab) bool: in the prompt or the output
+    counts: jax.Array  # (slots, vocab) int32: generated occurrences
+
+
+@dataclasses.dataclass(frozen=True)
+class SlotSettings:
+    """One request's per-slot sampling settings, as the prefill takes them."""
+
+    key: np.ndarray
+    max_tokens: int = 16
+    min_tokens: int = 0
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    repetition: float = 1.0
+    presence: float = 0.0
+    frequency: float = 0.0
+    stop_ids: tuple[int, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
 class StepOutput:
-    """Host copies of one decode step: per slot token, its log-prob and the top alternatives."""
+    """Host copies of one decode dispatch: ``(steps, slots)`` tokens and log-probs, and
+    ``emitted[s, i]``: whether slot ``i`` really produced a token at step ``s``."""
 
     tokens: np.ndarray
     logprobs: np.ndarray
     top_ids: np.ndarray
     top_logprobs: np.ndarray
+    emitted: np.ndarray
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,6 +100,7 @@ class PrefillOutput:
     top_ids: np.ndarray
     top_logprobs: np.ndarray
     prompt_logprobs: np.ndarray  # (length - 1,) log p(token[t + 1] | tokens[: t + 1])
+    prompt_ranks: np.ndarray
     prompt_top_ids: np.ndarray
     prompt_top_logprobs: np.ndarray
 
@@ -134,8 +113,8 @@ def _buckets(max_len: int) -> tuple[int, ...]:
     return (*out, max_len)
 
 
-def _reduced_spec(spec: PartitionSpec, shape: tuple[int, ...]) -> PartitionSpec:
-    return PartitionSpec(*[None if shape[i] == 1 else s for i, s in enumerate(spec)])
+def _reduced_spec(spec, shape: tuple[int, ...]):
+    return type(spec)(*[None if shape[i] == 1 else s for i, s in enumerate(spec)])
 
 
 class SlotEngine:
@@ -175,33 +154,25 @@ class SlotEngine:
 
     # ------------------------------------------------------------------ placement
     def _place(self, params: dict[str, Any]) -> None:
-        parallel = self.config.parallel
-        devices = jax.devices()[:1] if parallel is None else None
-        engine = jc.Engine(
-            parallel=parallel or jc.ParallelConfig(fsdp=1), precision="fp32", devices=devices
+        cfg = self.model_config
+        abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+        host = decoding_weights(build_model(cfg, params))
+        self.placement = place(
+            cfg,
+            abstract,
+            host,
+            slots=self.config.slots,
+            parallel=self.config.parallel,
+            rules=self.config.rules,
         )
-        state = engine.prepare(build_model(self.model_config, params), optax.identity())
-        self.mesh = engine.mesh
-        weights = decoding_weights(engine.bind(state))
+        self.mesh = self.placement.mesh
+        weights = jax.device_put(host, self.placement.weights)
         if self.dtype != jnp.float32:
             weights = jax.tree.map(lambda x: x.astype(self.dtype) if x.ndim >= 2 else x, weights)
         self.weights = weights
-        batch_spec = engine.batch_sharding.spec
-        batch_axes = batch_spec[0] if len(batch_spec) else None
-        ways = int(np.prod([self.mesh.shape[a] for a in jax.tree.leaves(batch_axes)] or [1]))
-        if self.config.slots % ways:
-            raise jc.ConfigError(
-                f"ServingConfig.slots={self.config.slots} does not split over the {ways} "
-                f"data-parallel ways of {parallel}; use a multiple of {ways}."
-            )
-        wk_spec = tuple(weights["blocks"]["wk"].sharding.spec) + (None,) * 4
-        # Cache (layers, slots, kv_heads, time, head_dim): layers as wk's layers, slots as
-        # the batch, kv heads as wk's kv heads.
-        self.cache_sharding = NamedSharding(
-            self.mesh, PartitionSpec(wk_spec[0], batch_axes, wk_spec[2], None, None)
-        )
-        self.slot_sharding = NamedSharding(self.mesh, PartitionSpec(batch_axes))
-        self.replicated = NamedSharding(self.mesh, PartitionSpec())
+        self.cache_sharding = self.placement.cache
+        self.slot_sharding = self.placement.slots
+        self.replicated = self.placement.replicated
 
     def _quantize(self, calibration: list[np.ndarray] | None) -> None:
         weights = self.weights
@@ -243,76 +214,124 @@ class SlotEngine:
         return node
 
     def empty_state(self) -> SlotState:
-        """All slots empty (lengths 0, greedy)."""
-        n = self.config.slots
-        cache = self.decoder.init_cache(n, self.max_len, self.dtype)
+        """All slots empty (lengths 0, greedy, not alive)."""
+        n, vocab = self.config.slots, self.model_config.vocab_size
+
+        def zeros_f():  # one buffer per field: donated buffers must not be shared
+            return jnp.zeros((n,), jnp.float32)
+
+        def zeros_i():
+            return jnp.zeros((n,), jnp.int32)
+
         state = SlotState(
-            cache=cache,
-            tokens=jnp.zeros((n,), jnp.int32),
+            cache=self.decoder.init_cache(n, self.max_len, self.dtype),
+            tokens=zeros_i(),
+            alive=jnp.zeros((n,), bool),
             keys=jnp.zeros((n, 2), jnp.uint32),
-            counters=jnp.zeros((n,), jnp.int32),
-            temperature=jnp.zeros((n,), jnp.float32),
-            top_k=jnp.zeros((n,), jnp.int32),
+            counters=zeros_i(),
+            max_tokens=zeros_i(),
+            min_tokens=zeros_i(),
+            temperature=zeros_f(),
+            top_k=zeros_i(),
             top_p=jnp.ones((n,), jnp.float32),
+            repetition=jnp.ones((n,), jnp.float32),
+            presence=zeros_f(),
+            frequency=zeros_f(),
+            stop_mask=jnp.zeros((n, vocab), bool),
+            seen=jnp.zeros((n, vocab), bool),
+            counts=jnp.zeros((n, vocab), jnp.int32),
         )
         return jax.device_put(state, self.state_shardings)
 
     # ------------------------------------------------------------------ compiled functions
     def _compile(self) -> None:
-        cache_sh = KVCache(k=self.cache_sharding, v=self.cache_sharding, lengths=self.slot_sharding)
         s = self.slot_sharding
-        self.state_shardings = SlotState(
-            cache=cache_sh, tokens=s, keys=s, counters=s, temperature=s, top_k=s, top_p=s
-        )
+        cache_sh = KVCache(k=self.cache_sharding, v=self.cache_sharding, lengths=s)
+        fields = {f.name: s for f in dataclasses.fields(SlotState) if f.name != "cache"}
+        self.state_shardings = SlotState(cache=cache_sh, **fields)
         decoder, matmul, rep = self.decoder, self.matmul, self.replicated
+        max_len, steps = self.max_len, self.config.decode_steps
 
-        def draw(logits, keys, counters, temperature, top_k, top_p):
+        def draw(logits, st: SlotState):
+            """Penalties, min_tokens and the per-slot sampler on ``logits: (slots, vocab)``."""
+            logits = penalize(logits, st.seen, st.counts, st.repetition, st.presence, st.frequency)
+            banned = st.stop_mask & (st.counters < st.min_tokens)[:, None]
+            logits = jnp.where(banned, -jnp.inf, logits)
             typed = jax.vmap(lambda k, c: jax.random.fold_in(jax.random.wrap_key_data(k), c))(
-                keys, counters
+                st.keys, st.counters
             )
-            return sample_tokens(logits, typed, temperature, top_k, top_p)
+            return sample_tokens(logits, typed, st.temperature, st.top_k, st.top_p)
 
-        def prefill_insert(weights, state, tokens, length, slot, key, temperature, top_k, top_p):
+        def still_alive(st: SlotState, token, lengths):
+            """A slot stops at a stop token, at max_tokens, or when the context is full."""
+            rows = jnp.arange(token.shape[0])
+            stopped = st.stop_mask[rows, token]
+            return ~stopped & (st.counters < st.max_tokens) & (lengths + 1 < max_len)
+
+        def prefill_insert(weights, state: SlotState, tokens, length, slot, settings, stop_mask):
             logits, prefix = decoder.prefill(weights, tokens[None, :], matmul=matmul)
             logits = logits[0]
-            prompt_lp, prompt_top_ids, prompt_top_lp = token_logprobs(
-                logits[:-1], tokens[1:], MAX_TOP_LOGPROBS
-            )
+            prompt_out = token_logprobs(logits[:-1], tokens[1:], MAX_TOP_LOGPROBS)
             last = jax.lax.dynamic_index_in_dim(logits, length - 1, keepdims=True)
-            token = draw(
-                last,
-                key[None],
-                jnp.zeros((1,), jnp.int32),
-                temperature[None],
-                top_k[None],
-                top_p[None],
+            vocab = logits.shape[-1]
+            in_prompt = jnp.arange(tokens.shape[0]) < length
+            seen = jnp.zeros((vocab,), bool).at[tokens].max(in_prompt)
+            one = SlotState(
+                cache=None,
+                tokens=tokens[:1],
+                alive=jnp.ones((1,), bool),
+                keys=settings["key"][None],
+                counters=jnp.zeros((1,), jnp.int32),
+                seen=seen[None],
+                counts=jnp.zeros((1, vocab), jnp.int32),
+                stop_mask=stop_mask[None],
+                **{k: settings[k][None] for k in _SETTING_FIELDS},
             )
-            lp, top_ids, top_lp = token_logprobs(last, token, MAX_TOP_LOGPROBS)
+            token = draw(last, one)
+            lp, _, top_ids, top_lp = token_logprobs(last, token, MAX_TOP_LOGPROBS)
+            one = one.replace(counters=one.counters + 1)
+            alive = still_alive(one, token, length[None])[0]
+
+            def put(field, value):
+                return getattr(state, field).at[slot].set(value)
+
             new = SlotState(
                 cache=decoder.insert(state.cache, prefix, slot, length),
-                tokens=state.tokens.at[slot].set(token[0]),
-                keys=state.keys.at[slot].set(key),
-                counters=state.counters.at[slot].set(1),
-                temperature=state.temperature.at[slot].set(temperature),
-                top_k=state.top_k.at[slot].set(top_k),
-                top_p=state.top_p.at[slot].set(top_p),
+                tokens=put("tokens", token[0]),
+                alive=put("alive", alive),
+                keys=put("keys", settings["key"]),
+                counters=put("counters", 1),
+                stop_mask=put("stop_mask", stop_mask),
+                seen=put("seen", seen.at[token[0]].set(True)),
+                counts=put("counts", jnp.zeros((vocab,), jnp.int32).at[token[0]].set(1)),
+                **{k: put(k, settings[k]) for k in _SETTING_FIELDS},
             )
             first = (token[0], lp[0], top_ids[0], top_lp[0])
-            return new, first, (prompt_lp, prompt_top_ids, prompt_top_lp)
+            return new, first, prompt_out
 
-        def decode(weights, state, active):
-            logits, cache = decoder.decode_step(
-                weights, state.tokens, state.cache, active=active, matmul=matmul
-            )
-            token = draw(
-                logits, state.keys, state.counters, state.temperature, state.top_k, state.top_p
-            )
-            token = jnp.where(active, token, state.tokens)
-            lp, top_ids, top_lp = token_logprobs(logits, token, MAX_TOP_LOGPROBS)
-            new = state.replace(
-                cache=cache, tokens=token, counters=state.counters + active.astype(jnp.int32)
-            )
-            return new, (token, lp, top_ids, top_lp)
+        def decode(weights, state: SlotState, active):
+            def one_step(st: SlotState, _):
+                live = active & st.alive
+                logits, cache = decoder.decode_step(
+                    weights, st.tokens, st.cache, active=live, matmul=matmul
+                )
+                token = jnp.where(live, draw(logits, st), st.tokens)
+                lp, _, top_ids, top_lp = token_logprobs(logits, token, MAX_TOP_LOGPROBS)
+                rows = jnp.arange(token.shape[0])
+                grown = live.astype(jnp.int32)
+                st = st.replace(
+                    cache=cache,
+                    tokens=token,
+                    counters=st.counters + grown,
+                    seen=st.seen.at[rows, token].max(live),
+                    counts=st.counts.at[rows, token].add(grown),
+                )
+                st = st.replace(
+                    alive=jnp.where(live, still_alive(st, token, cache.lengths), st.alive)
+                )
+                return st, (token, lp, top_ids, top_lp, live)
+
+            return jax.lax.scan(one_step, state, None, length=steps)
 
         self._prefill_insert = jax.jit(
             prefill_insert,
@@ -330,7 +349,7 @@ class SlotEngine:
     def warmup(self) -> None:
         """Compile every bucket and the decode step now (then nothing compiles at runtime)."""
         for bucket in self.buckets:
-            self.prefill(0, [0] * bucket, key=np.zeros(2, np.uint32))
+            self.prefill(0, [0] * bucket, SlotSettings(key=np.zeros(2, np.uint32)))
         self.decode(np.zeros(self.config.slots, bool))
         self.state = self.empty_state()
 
@@ -344,58 +363,77 @@ class SlotEngine:
             f"{self.buckets[-1]} (max_len={self.max_len})."
         )
 
-    def prefill(
-        self,
-        slot: int,
-        prompt: list[int],
-        *,
-        key: np.ndarray,
-        temperature: float = 0.0,
-        top_k: int = 0,
-        top_p: float = 1.0,
-    ) -> PrefillOutput:
-        """Prefill ``prompt`` into ``slot`` and draw its first token."""
+    def prefill_async(self, slot: int, prompt: list[int], settings: SlotSettings) -> Any:
+        """Dispatch the prefill of ``prompt`` into ``slot`` and its first draw; returns the
+        device outputs (`fetch_prefill` turns them into a `PrefillOutput`)."""
         length = len(prompt)
         bucket = self.bucket_for(length)
         tokens = np.zeros(bucket, np.int32)
         tokens[:length] = prompt
+        stop_mask = np.zeros(self.model_config.vocab_size, bool)
+        stop_mask[list(settings.stop_ids)] = True
+        packed = {
+            "key": np.asarray(settings.key, np.uint32),
+            "max_tokens": np.int32(settings.max_tokens),
+            "min_tokens": np.int32(settings.min_tokens),
+            "temperature": np.float32(settings.temperature),
+            "top_k": np.int32(settings.top_k),
+            "top_p": np.float32(settings.top_p),
+            "repetition": np.float32(settings.repetition),
+            "presence": np.float32(settings.presence),
+            "frequency": np.float32(settings.frequency),
+        }
         self.state, first, prompt_out = self._prefill_insert(
-            self.weights,
-            self.state,
-            tokens,
-            np.int32(length),
-            np.int32(slot),
-            np.asarray(key, np.uint32),
-            np.float32(temperature),
-            np.int32(top_k),
-            np.float32(top_p),
+            self.weights, self.state, tokens, np.int32(length), np.int32(slot), packed, stop_mask
         )
-        token, lp, top_ids, top_lp = jax.device_get(first)
-        plp, ptop_ids, ptop_lp = jax.device_get(prompt_out)
-        n = length - 1
-        return PrefillOutput(
-            token=int(token),
-            logprob=float(lp),
-            top_ids=top_ids,
-            top_logprobs=top_lp,
-            prompt_logprobs=plp[:n],
-            prompt_top_ids=ptop_ids[:n],
-            prompt_top_logprobs=ptop_lp[:n],
-        )
+        return first, prompt_out, length
+
+    def prefill(self, slot: int, prompt: list[int], settings: SlotSettings) -> PrefillOutput:
+        """Prefill ``prompt`` into ``slot`` and draw its first token (waits for it)."""
+        return fetch_prefill(self.prefill_async(slot, prompt, settings))
 
     def decode_async(self, active: np.ndarray) -> Any:
-        """Dispatch one decode step and return its device outputs without waiting.
-
-        The host can then work on the previous step's tokens while this one runs.
-        """
+        """Dispatch ``decode_steps`` decode steps and return their device outputs without
+        waiting: the host works on the previous dispatch's tokens while these run."""
         self.state, out = self._decode(self.weights, self.state, np.asarray(active, bool))
         return out
 
     def decode(self, active: np.ndarray) -> StepOutput:
-        """One token for every slot (rows where ``active`` is false are ignored)."""
+        """``decode_steps`` tokens for every live slot (rows where ``active`` is false, or
+        that stopped on device, are not advanced)."""
         return fetch(self.decode_async(active))
+
+
+_SETTING_FIELDS = (
+    "max_tokens",
+    "min_tokens",
+    "temperature",
+    "top_k",
+    "top_p",
+    "repetition",
+    "presence",
+    "frequency",
+)
 
 
 def fetch(out: Any) -> StepOutput:
     """Host copies of a `SlotEngine.decode_async` result."""
     return StepOutput(*jax.device_get(out))
+
+
+def fetch_prefill(out: Any) -> PrefillOutput:
+    """Host copies of a `SlotEngine.prefill_async` result."""
+    first, prompt_out, length = out
+    token, lp, top_ids, top_lp = jax.device_get(first)
+    plp, prank, ptop_ids, ptop_lp = jax.device_get(prompt_out)
+    n = length - 1
+    return PrefillOutput(
+        token=int(token),
+        logprob=float(lp),
+        top_ids=top_ids,
+        top_logprobs=top_lp,
+        prompt_logprobs=plp[:n],
+        prompt_ranks=prank[:n],
+        prompt_top_ids=ptop_ids[:n],
+        prompt_top_logprobs=ptop_lp[:n],
+    )

@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from inference import ServingConfig, QueueFullError, RequestError, SamplingParams, Scheduler
+from inference import QueueFullError, RequestError, SamplingParams, Scheduler, ServingConfig
 from inference.batching import run_to_completion
 from inference.engine import SlotEngine
 from inference.tokenizer import ByteTokenizer

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import jaxcore as jc
-from inference import ServingConfig, SamplingParams
+from inference import SamplingParams, ServingConfig
 from inference.engine import SlotEngine
 from inference.weights import init_params
 from jaxcore.models import TransformerConfig
@@ -21,7 +21,12 @@ from jaxcore.models import TransformerConfig
         (lambda: ServingConfig(smooth_alpha=2.0), "ServingConfig.smooth_alpha"),
         (lambda: SamplingParams(top_p=0.0), "SamplingParams.top_p"),
         (lambda: SamplingParams(temperature=-1.0), "SamplingParams.temperature"),
-        (lambda: SamplingParams(logprobs=9), "SamplingParams.logprobs"),
+        (lambda: SamplingParams(logprobs=21), "SamplingParams.logprobs"),
+        (lambda: SamplingParams(prompt_logprobs=21), "SamplingParams.prompt_logprobs"),
+        (lambda: SamplingParams(min_tokens=-1), "SamplingParams.min_tokens"),
+        (lambda: SamplingParams(repetition_penalty=0.0), "SamplingParams.repetition_penalty"),
+        (lambda: SamplingParams(presence_penalty=3.0), "SamplingParams.presence_penalty"),
+        (lambda: ServingConfig(decode_steps=0), "ServingConfig.decode_steps"),
         (lambda: SamplingParams(max_tokens=-1), "SamplingParams.max_tokens"),
         (lambda: SamplingParams(stop=("",)), "SamplingParams.stop"),
     ],

@@ -9,7 +9,7 @@ import pytest
 
 import jaxcore as jc
 from inference import ServingConfig
-from inference.engine import SlotEngine
+from inference.engine import SlotEngine, SlotSettings
 from inference.quantize import weight_bytes
 from jaxcore.models import Transformer, TransformerConfig, lm_loss
 from tests.inference.helpers import stdlib_text
@@ -45,7 +45,7 @@ def _evaluate(engine: SlotEngine, windows):
     """Top-1 predictions and the mean negative log-likelihood over the windows."""
     tops, nll = [], []
     for w in windows:
-        out = engine.prefill(0, w, key=np.zeros(2, np.uint32))
+        out = engine.prefill(0, w, SlotSettings(key=np.zeros(2, np.uint32)))
         tops.append(out.prompt_top_ids[:, 0])
         nll.append(-out.prompt_logprobs)
     return np.concatenate(tops), float(np.mean(np.concatenate(nll)))

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import jaxcore as jc
-from inference import ServingConfig, SamplingParams, Scheduler
+from inference import SamplingParams, Scheduler, ServingConfig
 from inference.batching import run_to_completion
 from inference.engine import SlotEngine
 from inference.tokenizer import ByteTokenizer

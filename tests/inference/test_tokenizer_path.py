@@ -27,7 +27,7 @@ def test_a_str_tokenizer_is_a_path(tmp_path, params):
         assert llm.tokenizer.encode("h\u00e9") == list("h\u00e9".encode())
         out = llm.generate("ab", max_tokens=3)
         assert len(out.tokens) == 3 and isinstance(out.text, str)
-    with pytest.raises(jc.ConfigError, match="nowhere/tokenizer.json"):
+    with pytest.raises(jc.ConfigError, match=r"nowhere/tokenizer\.json"):
         LLM(params, config=CFG, tokenizer=str(tmp_path / "nowhere/tokenizer.json"))
 
 

@@ -93,10 +93,13 @@ class _Watcher:
         """Return when every request is done; raise `ClientGone` if ``disconnected()``
         turns true first (checked every `DISCONNECT_POLL_S`)."""
         while not all(r.done for r in requests):
+            if disconnected is None:  # the wake-up alone must suffice: no polling
+                await self.wait()
+                continue
             try:
                 await asyncio.wait_for(self.wait(), DISCONNECT_POLL_S)
             except TimeoutError:
-                if disconnected is not None and await disconnected():
+                if await disconnected():
                     raise ClientGone from None
 
 
@@ -138,20 +141,7 @@ class OpenAIServer:
         def error(e: APIError) -> JSONResponse:
             return JSONResponse(e.body(), status_code=e.status)
 
-        @app.middleware("http")
-        async def count(request: HTTPRequest, call_next):
-            length = request.headers.get("content-length")
-            if length is not None and length.isdigit() and int(length) > self.max_request_bytes:
-                response = error(self._too_large())
-            else:
-                try:
-                    response = await call_next(request)
-                except Exception:  # never let one request take the server down
-                    log.exception("unhandled error on %s", request.url.path)
-                    response = error(APIError(500, "internal server error", type="server_error"))
-            key = (_route_label(request.url.path), response.status_code)
-            self.http_counts[key] = self.http_counts.get(key, 0) + 1
-            return response
+        app.add_middleware(_Guard, server=self)
 
         @app.exception_handler(HTTPException)
         async def http_error(request: HTTPRequest, exc: HTTPException):
@@ -494,7 +484,9 @@ class OpenAIServer:
                             for i in range(len(choices))
                         ]
                     )
-                elif echo:
+                elif echo:  # the prompt's log-probs arrive with its prefill
+                    while not all(r.done or r.first_token_time is not None for r in choices):
+                        await watcher.wait()
                     yield event([self._echo_chunk(req, i, r) for i, r in enumerate(choices)])
                 while not all(finished):
                     for i, r in enumerate(choices):
@@ -585,6 +577,44 @@ class OpenAIServer:
                 f'{{path="{path}",status="{status}"}}',
             )
         return "\n".join(lines) + "\n"
+
+
+class _Guard:
+    """Pure ASGI middleware: refuses oversized bodies, turns unhandled errors into a 500
+    and counts responses per route. (Starlette's ``BaseHTTPMiddleware`` would hide the
+    client's disconnect from `Request.is_disconnected`.)"""
+
+    def __init__(self, app: Any, server: OpenAIServer):
+        self.app = app
+        self.server = server
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = {"code": 500, "started": False}
+
+        async def tracked(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                status["code"], status["started"] = message["status"], True
+            await send(message)
+
+        length = dict(scope.get("headers") or []).get(b"content-length", b"")
+        try:
+            if length.isdigit() and int(length) > self.server.max_request_bytes:
+                error = self.server._too_large()
+                await JSONResponse(error.body(), status_code=error.status)(scope, receive, tracked)
+            else:
+                await self.app(scope, receive, tracked)
+        except Exception:  # never let one request take the server down
+            log.exception("unhandled error on %s", scope.get("path"))
+            if not status["started"]:
+                error = APIError(500, "internal server error", type="server_error")
+                await JSONResponse(error.body(), status_code=500)(scope, receive, tracked)
+        finally:
+            key = (_route_label(scope.get("path", "")), status["code"])
+            counts = self.server.http_counts
+            counts[key] = counts.get(key, 0) + 1
 
 
 def _route_label(path: str) -> str:

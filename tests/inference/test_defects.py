@@ -204,7 +204,7 @@ def test_request_size_limit_and_bounded_metric_labels(served):
 
 
 def test_non_ascii_offsets_and_chat_bytes_round_trip(served):
-    llm, _, client = served
+    _llm, _, client = served
     text = "h\u00e9 \u65e5\u672c"
     r = client.completions.create(
         model=NAME, prompt=text, max_tokens=3, echo=True, logprobs=2, temperature=0

@@ -72,7 +72,7 @@ def test_resolve_model_registry_hook_and_hf_folders(tmp_path, monkeypatch):
     hf = tmp_path / "hf"
     hf.mkdir()
     (hf / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
-    with pytest.raises(jc.ConfigError, match="HF directories need jaxcore.hf"):
+    with pytest.raises(jc.ConfigError, match=r"HF directories need jaxcore\.hf"):
         resolve_model(hf)
 
 

@@ -26,6 +26,7 @@ import numpy as np
 
 import jaxcore as jc
 from inference.engine import SlotEngine, SlotSettings, fetch, fetch_prefill
+from inference.paging import PagePool, Reservation
 from inference.request import QueueFullError, Request, RequestError
 from inference.sampling import SamplingParams
 from inference.tokenizer import Tokenizer
@@ -73,6 +74,15 @@ class Scheduler:
         self._queue: collections.deque[Request] = collections.deque()
         self._queue_lock = threading.Lock()
         self.slots: list[Request | None] = [None] * engine.config.slots
+        self.pool: PagePool | None = None
+        if engine.paged:
+            self.pool = PagePool(
+                engine.num_pages,
+                engine.config.page_size,
+                engine.pages_per_slot,
+                prefix_caching=engine.config.prefix_caching,
+            )
+        self._reserved: list[Reservation | None] = [None] * engine.config.slots
         self._seed = np.random.SeedSequence(engine.config.seed)
         self._wakeup = threading.Event()
         self._stop = threading.Event()
@@ -86,6 +96,8 @@ class Scheduler:
             "requests_rejected": 0,
             "requests_cancelled": 0,
             "prompt_tokens_total": 0,
+            "prefill_tokens_computed_total": 0,
+            "prefix_cache_hit_tokens_total": 0,
             "generation_tokens_total": 0,
             "decode_steps_total": 0,
             "decode_dispatches_total": 0,
@@ -148,6 +160,15 @@ class Scheduler:
                 "max_tokens.",
                 code="context_length_exceeded",
             )
+        if self.pool is not None:
+            total = min(len(prompt) + max(params.max_tokens, 1), self.max_len)
+            pages = -(-total // self.pool.page_size)
+            if pages > self.pool.total:
+                raise RequestError(
+                    f"this request needs {pages} KV-cache pages but the pool holds "
+                    f"{self.pool.total}; lower max_tokens or serve with more pages.",
+                    code="context_length_exceeded",
+                )
 
     def submit(
         self,
@@ -220,7 +241,10 @@ class Scheduler:
                 request = self._next_request()
                 if request is None:
                     break
-                self._admit(i, request)
+                if not self._admit(i, request):  # no pages free: it waits at the head
+                    with self._queue_lock:
+                        self._queue.appendleft(request)
+                    break
         active = np.array([r is not None for r in self.slots])
         if active.any():
             out = self.engine.decode_async(active)
@@ -328,8 +352,18 @@ class Scheduler:
         )
         return np.asarray([0, seed & 0xFFFFFFFF], np.uint32)
 
-    def _admit(self, slot: int, r: Request) -> None:
+    def _admit(self, slot: int, r: Request) -> bool:
+        """Dispatch ``r``'s prefill into ``slot``; False when the paged cache lacks pages."""
         p = r.params
+        start, table = 0, None
+        if self.pool is not None:
+            total = min(len(r.prompt) + max(p.max_tokens, 1), self.max_len)
+            # Prompt log-probs need every prompt position's logits: no cached prefix.
+            reservation = self.pool.reserve(r.prompt, total, use_cache=p.prompt_logprobs is None)
+            if reservation is None:
+                return False
+            self._reserved[slot] = reservation
+            start, table = reservation.cached_tokens, reservation.table
         settings = SlotSettings(
             key=self._key(p),
             max_tokens=p.max_tokens,
@@ -343,19 +377,29 @@ class Scheduler:
             stop_ids=r.stop_ids(),
         )
         try:
-            out = self.engine.prefill_async(slot, r.prompt, settings)
+            out = self.engine.prefill_async(slot, r.prompt, settings, start=start, pages=table)
         except Exception as e:
+            self._unreserve(slot)
             r.error = e
             r._finish("error")
             r._notify()
-            return
+            return True
         self.stats["prompt_tokens_total"] += len(r.prompt)
+        self.stats["prefill_tokens_computed_total"] += len(r.prompt) - start
+        self.stats["prefix_cache_hit_tokens_total"] += start
         self.slots[slot] = r
         self._inflight.append(("prefill", out, (slot, r)))
+        return True
+
+    def _unreserve(self, slot: int) -> None:
+        reservation, self._reserved[slot] = self._reserved[slot], None
+        if reservation is not None and self.pool is not None:
+            self.pool.release(reservation)
 
     def _release(self, slot: int) -> None:
         r = self.slots[slot]
         self.slots[slot] = None
+        self._unreserve(slot)
         if r is None:
             return
         self.stats["requests_finished"] += 1
@@ -372,6 +416,8 @@ class Scheduler:
     def _fail_all(self, error: BaseException | None) -> None:
         pending = [r for r in self.slots if r is not None]
         self.slots = [None] * len(self.slots)
+        for slot in range(len(self.slots)):
+            self._unreserve(slot)
         self._inflight = []
         with self._queue_lock:
             pending.extend(self._queue)

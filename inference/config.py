@@ -10,6 +10,7 @@ import jaxcore as jc
 from jaxcore.sharding import DEFAULT_RULES, Rules
 
 QUANT_MODES = (None, "int8", "int8-smooth")
+KV_CACHES = ("contiguous", "paged")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
@@ -33,6 +34,12 @@ class ServingConfig:
         parallel: mesh layout; ``None`` serves on one device.
         rules: the logical-axis rules table (the training one by default): weights and
             the KV cache (``batch``, ``kv_heads``, ``length``, ``head_dim``) follow it.
+        kv_cache: ``contiguous`` (``max_len`` positions per slot) or ``paged`` (a pool of
+            fixed-size pages; requests are admitted while pages are free).
+        page_size: positions per page (paged cache).
+        pages: pages in the pool (paged cache); default: enough for every slot to reach
+            ``max_len``, plus the null page.
+        prefix_caching: share the pages of identical prompt prefixes (paged cache).
         seed: seed of the keys of requests that bring none.
     """
 
@@ -45,6 +52,10 @@ class ServingConfig:
     smooth_alpha: float = 0.5
     parallel: jc.ParallelConfig | None = None
     rules: Rules = DEFAULT_RULES
+    kv_cache: str = "contiguous"
+    page_size: int = 16
+    pages: int | None = None
+    prefix_caching: bool = True
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -55,6 +66,16 @@ class ServingConfig:
         if not isinstance(self.decode_steps, int) or self.decode_steps < 1:
             raise jc.ConfigError(
                 f"ServingConfig.decode_steps={self.decode_steps!r}: must be an integer >= 1."
+            )
+        if self.kv_cache not in KV_CACHES:
+            raise jc.ConfigError(
+                f"ServingConfig.kv_cache={self.kv_cache!r}: use one of {list(KV_CACHES)}."
+            )
+        if not isinstance(self.page_size, int) or self.page_size < 1:
+            raise jc.ConfigError(f"ServingConfig.page_size={self.page_size!r}: must be >= 1.")
+        if self.pages is not None and self.pages < 2:
+            raise jc.ConfigError(
+                f"ServingConfig.pages={self.pages!r}: must be >= 2 (page 0 is the null page)."
             )
         if self.dtype not in DTYPES:
             raise jc.ConfigError(f"ServingConfig.dtype={self.dtype!r}: use one of {list(DTYPES)}.")

@@ -32,10 +32,14 @@ from inference.sampling import MAX_TOP_LOGPROBS, penalize, sample_tokens, token_
 from inference.weights import build_model
 from jaxcore.models import (
     KVCache,
+    PagedKVCache,
     Transformer,
     TransformerConfig,
     TransformerDecoder,
     decoding_weights,
+    init_paged_cache,
+    paged_decode_step,
+    paged_extend,
     plain_matmul,
 )
 
@@ -45,7 +49,7 @@ log = logging.getLogger(__name__)
 class SlotState(struct.PyTreeNode):
     """Everything the decode step carries per slot (donated from step to step)."""
 
-    cache: KVCache
+    cache: KVCache | PagedKVCache
     tokens: jax.Array  # (slots,) the last token of each slot: the next decode input
     alive: jax.Array  # (slots,) bool: still generating (cleared on device at a stop)
     keys: jax.Array  # (slots, 2) uint32 raw key data
@@ -136,6 +140,9 @@ class SlotEngine:
                 f"{cfg.max_seq_len}; lower it (or leave it None to use max_seq_len)."
             )
         self.max_len = config.max_len or cfg.max_seq_len
+        self.paged = config.kv_cache == "paged"
+        self.pages_per_slot = -(-self.max_len // config.page_size)
+        self.num_pages = config.pages or config.slots * self.pages_per_slot + 1
         self.buckets = tuple(
             sorted(
                 {min(b, self.max_len) for b in (config.prefill_buckets or _buckets(self.max_len))}
@@ -223,8 +230,19 @@ class SlotEngine:
         def zeros_i():
             return jnp.zeros((n,), jnp.int32)
 
+        if self.paged:
+            cache = init_paged_cache(
+                self.model_config,
+                n,
+                self.max_len,
+                self.num_pages,
+                self.config.page_size,
+                self.dtype,
+            )
+        else:
+            cache = self.decoder.init_cache(n, self.max_len, self.dtype)
         state = SlotState(
-            cache=self.decoder.init_cache(n, self.max_len, self.dtype),
+            cache=cache,
             tokens=zeros_i(),
             alive=jnp.zeros((n,), bool),
             keys=jnp.zeros((n, 2), jnp.uint32),
@@ -246,11 +264,29 @@ class SlotEngine:
     # ------------------------------------------------------------------ compiled functions
     def _compile(self) -> None:
         s = self.slot_sharding
-        cache_sh = KVCache(k=self.cache_sharding, v=self.cache_sharding, lengths=s)
+        if self.paged:
+            pages = self.placement.pages
+            cache_sh = PagedKVCache(k=pages, v=pages, tables=s, lengths=s)
+        else:
+            cache_sh = KVCache(k=self.cache_sharding, v=self.cache_sharding, lengths=s)
         fields = {f.name: s for f in dataclasses.fields(SlotState) if f.name != "cache"}
         self.state_shardings = SlotState(cache=cache_sh, **fields)
         decoder, matmul, rep = self.decoder, self.matmul, self.replicated
         max_len, steps = self.max_len, self.config.decode_steps
+        cfg, paged = self.model_config, self.paged
+
+        def decode_step(weights, tokens, cache, active):
+            if paged:
+                return paged_decode_step(cfg, weights, tokens, cache, active=active, matmul=matmul)
+            return decoder.decode_step(weights, tokens, cache, active=active, matmul=matmul)
+
+        def fill(weights, cache, tokens, start, length, slot, table_row):
+            """Prefill into the slot: logits of every prompt position, and the cache."""
+            if paged:
+                cache = cache.replace(tables=cache.tables.at[slot].set(table_row))
+                return paged_extend(cfg, weights, tokens, start, length, cache, slot, matmul=matmul)
+            logits, prefix = decoder.prefill(weights, tokens[None, :], matmul=matmul)
+            return logits[0], decoder.insert(cache, prefix, slot, length)
 
         def draw(logits, st: SlotState):
             """Penalties, min_tokens and the per-slot sampler on ``logits: (slots, vocab)``."""
@@ -268,14 +304,14 @@ class SlotEngine:
             stopped = st.stop_mask[rows, token]
             return ~stopped & (st.counters < st.max_tokens) & (lengths + 1 < max_len)
 
-        def prefill_insert(weights, state: SlotState, tokens, length, slot, settings, stop_mask):
-            logits, prefix = decoder.prefill(weights, tokens[None, :], matmul=matmul)
-            logits = logits[0]
+        def prefill_insert(
+            weights, state: SlotState, tokens, start, length, slot, table_row, settings, masks
+        ):
+            stop_mask, seen = masks
+            logits, cache = fill(weights, state.cache, tokens, start, length, slot, table_row)
             prompt_out = token_logprobs(logits[:-1], tokens[1:], MAX_TOP_LOGPROBS)
             last = jax.lax.dynamic_index_in_dim(logits, length - 1, keepdims=True)
             vocab = logits.shape[-1]
-            in_prompt = jnp.arange(tokens.shape[0]) < length
-            seen = jnp.zeros((vocab,), bool).at[tokens].max(in_prompt)
             one = SlotState(
                 cache=None,
                 tokens=tokens[:1],
@@ -290,13 +326,13 @@ class SlotEngine:
             token = draw(last, one)
             lp, _, top_ids, top_lp = token_logprobs(last, token, MAX_TOP_LOGPROBS)
             one = one.replace(counters=one.counters + 1)
-            alive = still_alive(one, token, length[None])[0]
+            alive = still_alive(one, token, (start + length)[None])[0]
 
             def put(field, value):
                 return getattr(state, field).at[slot].set(value)
 
             new = SlotState(
-                cache=decoder.insert(state.cache, prefix, slot, length),
+                cache=cache,
                 tokens=put("tokens", token[0]),
                 alive=put("alive", alive),
                 keys=put("keys", settings["key"]),
@@ -312,9 +348,7 @@ class SlotEngine:
         def decode(weights, state: SlotState, active):
             def one_step(st: SlotState, _):
                 live = active & st.alive
-                logits, cache = decoder.decode_step(
-                    weights, st.tokens, st.cache, active=live, matmul=matmul
-                )
+                logits, cache = decode_step(weights, st.tokens, st.cache, live)
                 token = jnp.where(live, draw(logits, st), st.tokens)
                 lp, _, top_ids, top_lp = token_logprobs(logits, token, MAX_TOP_LOGPROBS)
                 rows = jnp.arange(token.shape[0])
@@ -348,8 +382,10 @@ class SlotEngine:
 
     def warmup(self) -> None:
         """Compile every bucket and the decode step now (then nothing compiles at runtime)."""
+        pages = np.zeros(self.pages_per_slot, np.int32) if self.paged else None
         for bucket in self.buckets:
-            self.prefill(0, [0] * bucket, SlotSettings(key=np.zeros(2, np.uint32)))
+            key = np.zeros(2, np.uint32)
+            fetch_prefill(self.prefill_async(0, [0] * bucket, SlotSettings(key=key), pages=pages))
         self.decode(np.zeros(self.config.slots, bool))
         self.state = self.empty_state()
 
@@ -363,15 +399,36 @@ class SlotEngine:
             f"{self.buckets[-1]} (max_len={self.max_len})."
         )
 
-    def prefill_async(self, slot: int, prompt: list[int], settings: SlotSettings) -> Any:
+    def prefill_async(
+        self,
+        slot: int,
+        prompt: list[int],
+        settings: SlotSettings,
+        *,
+        start: int = 0,
+        pages: np.ndarray | None = None,
+    ) -> Any:
         """Dispatch the prefill of ``prompt`` into ``slot`` and its first draw; returns the
-        device outputs (`fetch_prefill` turns them into a `PrefillOutput`)."""
-        length = len(prompt)
+        device outputs (`fetch_prefill` turns them into a `PrefillOutput`).
+
+        Paged cache: ``pages`` is the slot's page table row and the first ``start``
+        positions are already in those pages (a cached prefix): only the rest is run.
+        """
+        if self.paged and pages is None:
+            raise jc.ConfigError("a paged engine's prefill needs the slot's pages=.")
+        if not self.paged and start:
+            raise jc.ConfigError("only the paged cache can start a prefill past position 0.")
+        suffix = prompt[start:]
+        length = len(suffix)
         bucket = self.bucket_for(length)
         tokens = np.zeros(bucket, np.int32)
-        tokens[:length] = prompt
-        stop_mask = np.zeros(self.model_config.vocab_size, bool)
+        tokens[:length] = suffix
+        vocab = self.model_config.vocab_size
+        stop_mask = np.zeros(vocab, bool)
         stop_mask[list(settings.stop_ids)] = True
+        seen = np.zeros(vocab, bool)
+        seen[prompt] = True
+        table_row = np.zeros(self.pages_per_slot, np.int32) if pages is None else pages
         packed = {
             "key": np.asarray(settings.key, np.uint32),
             "max_tokens": np.int32(settings.max_tokens),
@@ -384,13 +441,25 @@ class SlotEngine:
             "frequency": np.float32(settings.frequency),
         }
         self.state, first, prompt_out = self._prefill_insert(
-            self.weights, self.state, tokens, np.int32(length), np.int32(slot), packed, stop_mask
+            self.weights,
+            self.state,
+            tokens,
+            np.int32(start),
+            np.int32(length),
+            np.int32(slot),
+            np.asarray(table_row, np.int32),
+            packed,
+            (stop_mask, seen),
         )
         return first, prompt_out, length
 
     def prefill(self, slot: int, prompt: list[int], settings: SlotSettings) -> PrefillOutput:
-        """Prefill ``prompt`` into ``slot`` and draw its first token (waits for it)."""
-        return fetch_prefill(self.prefill_async(slot, prompt, settings))
+        """Prefill ``prompt`` into ``slot`` and draw its first token (waits for it; a paged
+        engine writes it to the slot's first pages, for scoring)."""
+        pages = None
+        if self.paged:
+            pages = np.arange(1, 1 + self.pages_per_slot, dtype=np.int32) % self.num_pages
+        return fetch_prefill(self.prefill_async(slot, prompt, settings, pages=pages))
 
     def decode_async(self, active: np.ndarray) -> Any:
         """Dispatch ``decode_steps`` decode steps and return their device outputs without

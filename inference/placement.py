@@ -21,6 +21,7 @@ import jaxcore as jc
 from jaxcore import axes
 from jaxcore.models import TransformerConfig
 from jaxcore.models.decoding import CACHE_AXES
+from jaxcore.models.paged_decoding import PAGE_AXES
 from jaxcore.sharding import Rules, logical_to_spec, validate_rules
 
 # Per-slot arrays (tokens, keys, sampling settings) are split like the batch.
@@ -34,6 +35,7 @@ class Placement:
     mesh: Mesh
     weights: Any  # a tree of NamedSharding with the structure of `decoding_weights`
     cache: NamedSharding  # (layers, slots, kv_heads, length, head_dim)
+    pages: NamedSharding  # (layers, pages, kv_heads, page_size, head_dim)
     slots: NamedSharding  # (slots, ...)
     replicated: NamedSharding
 
@@ -91,6 +93,8 @@ def place(
     )
     cache_shape = (cfg.n_layers, slots, cfg.n_kv_heads, 1, cfg.head_size)
     cache_spec = logical_to_spec(CACHE_AXES, cache_shape, mesh, rules, where="kv cache")
+    page_shape = (cfg.n_layers, 1, cfg.n_kv_heads, 1, cfg.head_size)
+    page_spec = logical_to_spec(PAGE_AXES, page_shape, mesh, rules, where="kv pages")
     slot_ways = _ways(mesh, rules, slots)
     if slots % slot_ways:
         raise jc.ConfigError(
@@ -102,6 +106,7 @@ def place(
         mesh=mesh,
         weights=weights,
         cache=NamedSharding(mesh, cache_spec),
+        pages=NamedSharding(mesh, page_spec),
         slots=NamedSharding(mesh, slot_spec),
         replicated=NamedSharding(mesh, PartitionSpec()),
     )

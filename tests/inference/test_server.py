@@ -22,6 +22,7 @@ from inference import LLM, ServingConfig
 from inference.server import BackgroundServer, create_app
 from inference.weights import build_model, init_params
 from jaxcore.models import TransformerConfig
+from tests.inference.helpers import byte_level_tokenizer
 
 CFG = TransformerConfig.tiny(max_seq_len=64)
 NAME = "tiny-test"
@@ -197,11 +198,16 @@ def test_chat_errors_unknown_routes_and_health_after_bad_input(served):
 
 
 @pytest.mark.slow
-def test_cli_serves_a_registry_model(tmp_path):
+def test_cli_serves_a_registry_model_with_a_tokenizer_path(tmp_path):
+    folder = byte_level_tokenizer(tmp_path / "tok")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
+    env = {
+        **os.environ,
+        "XLA_FLAGS": "--xla_backend_optimization_level=0",
+        "JAX_PLATFORMS": "cpu",
+    }
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -215,6 +221,8 @@ def test_cli_serves_a_registry_model(tmp_path):
             "16",
             "--slots",
             "2",
+            "--tokenizer",
+            str(folder),
             "--log-level",
             "warning",
         ],
@@ -223,7 +231,7 @@ def test_cli_serves_a_registry_model(tmp_path):
         stderr=subprocess.STDOUT,
     )
     try:
-        deadline = time.time() + 120
+        deadline = time.time() + 400  # the machine may be heavily loaded
         while True:
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
@@ -238,6 +246,8 @@ def test_cli_serves_a_registry_model(tmp_path):
             {"model": "tiny", "prompt": "ab", "max_tokens": 3},
         )
         assert code == 200 and body["usage"]["completion_tokens"] == 3
+        code, body = _post(f"http://127.0.0.1:{port}/tokenize", {"prompt": "h\u00e9"})
+        assert code == 200 and body["tokens"] == list("h\u00e9".encode())
     finally:
         proc.terminate()
         proc.wait(30)

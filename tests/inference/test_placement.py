@@ -79,7 +79,7 @@ def test_resolve_model_registry_hook_and_hf_folders(tmp_path, monkeypatch):
 @settings(max_examples=50, deadline=None)
 @given(
     # XLA's CPU backend flushes subnormals to zero in every op, the model's included.
-    st.lists(st.floats(-5, 5, allow_subnormal=False), min_size=6, max_size=6),
+    st.lists(st.floats(-5, 5, width=32, allow_subnormal=False), min_size=6, max_size=6),
     st.lists(st.integers(0, 3), min_size=6, max_size=6),
     st.lists(st.booleans(), min_size=6, max_size=6),
     st.floats(0.5, 2.0),

@@ -13,6 +13,11 @@ Ratios (same process, same run): ``batched_over_sequential`` = ours batched (rat
 ours one at a time; ``ours_over_hf`` = ours batched / HF batch-16 generate (the stronger
 peer); ``ours_over_hf_batch1`` = ours one at a time / HF batch 1.
 
+Two more workloads: ``mixed`` (prompt lengths 8-96, 64 new tokens; HF pads each batch of
+16 on the left) gives ``mixed_ours_over_hf``; ``shared_prefix`` (64 requests whose prompts
+share a 512-token system prompt, 16-token user parts, 16 new tokens) runs the paged cache
+with and without prefix caching and gives the cache hit rate and ``prefix_cache_speedup``.
+
     python benchmarks/serving.py [--quick]   # writes benchmarks/results/serving.json
 """
 
@@ -48,7 +53,7 @@ if THREADS == 1:
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from inference import EngineConfig, SamplingParams, Scheduler  # noqa: E402
+from inference import SamplingParams, Scheduler, ServingConfig  # noqa: E402
 from inference.engine import SlotEngine  # noqa: E402
 from inference.hf import to_hf_llama  # noqa: E402
 from inference.tokenizer import ByteTokenizer  # noqa: E402
@@ -56,7 +61,7 @@ from inference.weights import init_params  # noqa: E402
 from jaxcore.models import TransformerConfig  # noqa: E402
 
 CFG = TransformerConfig(
-    vocab_size=256, d_model=256, n_layers=4, n_heads=4, n_kv_heads=4, d_ff=1024, max_seq_len=256
+    vocab_size=256, d_model=256, n_layers=4, n_heads=4, n_kv_heads=4, d_ff=1024, max_seq_len=640
 )
 PROMPT, NEW = 32, 128
 
@@ -70,10 +75,17 @@ def _stats(values: list[float]) -> dict[str, float]:
     }
 
 
-def run_ours(engine: SlotEngine, prompts: list[list[int]], rate: float, seed: int = 0) -> dict:
+def run_ours(
+    engine: SlotEngine,
+    prompts: list[list[int]],
+    rate: float,
+    seed: int = 0,
+    new: int = NEW,
+    stats: dict | None = None,
+) -> dict:
     """Submit ``prompts`` at Poisson ``rate`` (inf: at once) to a running scheduler."""
     sched = Scheduler(engine, ByteTokenizer(), queue_size=len(prompts) + 1).start()
-    params = SamplingParams(max_tokens=NEW)
+    params = SamplingParams(max_tokens=new, ignore_eos=True)
     rng = np.random.default_rng(seed)
     handles = []
     start = time.perf_counter()
@@ -90,6 +102,10 @@ def run_ours(engine: SlotEngine, prompts: list[list[int]], rate: float, seed: in
     done = [h.wait(600) for h in handles]
     elapsed = time.perf_counter() - start
     sched.stop()
+    if stats is not None:
+        stats.update(sched.stats)
+        if sched.pool is not None:
+            stats["hit_rate"] = sched.pool.hit_rate()
     tokens = sum(len(r.output) for r in done)
     return {
         "rate": rate,
@@ -103,23 +119,27 @@ def run_ours(engine: SlotEngine, prompts: list[list[int]], rate: float, seed: in
     }
 
 
-def run_hf(model, prompts: list[list[int]], batch: int) -> dict:
-    """HF generate over ``prompts`` in static batches (equal lengths: no padding needed)."""
+def run_hf(model, prompts: list[list[int]], batch: int, new: int = NEW) -> dict:
+    """HF generate over ``prompts`` in static batches, left-padded to the longest prompt."""
     outputs, latencies = [], []
     start = time.perf_counter()
     with torch.inference_mode():
         for i in range(0, len(prompts), batch):
-            ids = torch.tensor(prompts[i : i + batch])
+            group = prompts[i : i + batch]
+            width = max(len(p) for p in group)
+            ids = torch.tensor([[0] * (width - len(p)) + p for p in group])
+            mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in group])
             t0 = time.perf_counter()
             out = model.generate(
                 ids,
-                attention_mask=torch.ones_like(ids),
-                max_new_tokens=NEW,
-                min_new_tokens=NEW,
+                attention_mask=mask,
+                max_new_tokens=new,
+                min_new_tokens=new,
                 do_sample=False,
+                pad_token_id=0,
             )
             latencies += [time.perf_counter() - t0] * len(ids)
-            outputs += out[:, PROMPT:].tolist()
+            outputs += out[:, width:].tolist()
     elapsed = time.perf_counter() - start
     return {
         "batch": batch,
@@ -145,10 +165,10 @@ def main(argv: list[str] | None = None) -> dict:
     prompts = rng.integers(32, 127, (n_requests, PROMPT)).tolist()
     buckets = (PROMPT,)
     batched = SlotEngine(
-        CFG, params, EngineConfig(slots=16, prefill_buckets=buckets, max_len=PROMPT + NEW)
+        CFG, params, ServingConfig(slots=16, prefill_buckets=buckets, max_len=PROMPT + NEW)
     )
     single = SlotEngine(
-        CFG, params, EngineConfig(slots=1, prefill_buckets=buckets, max_len=PROMPT + NEW)
+        CFG, params, ServingConfig(slots=1, prefill_buckets=buckets, max_len=PROMPT + NEW)
     )
     batched.warmup()
     single.warmup()
@@ -163,6 +183,8 @@ def main(argv: list[str] | None = None) -> dict:
     hf_b1 = run_hf(hf, prompts[:n_hf_seq], 1)
 
     same = ours[0]["outputs"][:n_seq] == seq["outputs"] and ours[0]["outputs"] == hf_b16["outputs"]
+    mixed = run_mixed(params, hf, n_requests, rng)
+    shared = run_shared_prefix(params, 16 if args.quick else 64, rng)
     result = {
         "model": "GPT-2 shape: 4 layers, d=256, 4 heads, vocab 256, float32, 1 CPU device",
         "requests": n_requests,
@@ -179,6 +201,12 @@ def main(argv: list[str] | None = None) -> dict:
         "ours_sequential": {k: v for k, v in seq.items() if k != "outputs"},
         "hf_batch16": {k: v for k, v in hf_b16.items() if k != "outputs"},
         "hf_batch1": {k: v for k, v in hf_b1.items() if k != "outputs"},
+        "mixed": mixed,
+        "mixed_ours_over_hf": mixed["ours_over_hf"],
+        "shared_prefix": shared,
+        "prefix_cache_hit_rate": shared["hit_rate"],
+        "prefix_cache_speedup": shared["speedup"],
+        "load_average": os.getloadavg(),
     }
     print(f"{'system':<36}{'out tok/s':>10}{'TTFT p50':>10}{'TPOT p50':>10}{'e2e p99':>10}")
     for o in ours:
@@ -203,9 +231,70 @@ def main(argv: list[str] | None = None) -> dict:
         f"ours_over_hf_batch1 = {result['ours_over_hf_batch1']:.2f}; "
         f"same greedy tokens as HF: {same}"
     )
+    print(
+        f"mixed prompt lengths: ours {mixed['ours_tokens_per_s']:.0f} tok/s, HF batch 16 "
+        f"{mixed['hf_tokens_per_s']:.0f} tok/s: mixed_ours_over_hf = {mixed['ours_over_hf']:.2f}"
+    )
+    print(
+        f"shared 512-token prefix x {shared['requests']}: hit rate {shared['hit_rate']:.2f}, "
+        f"prefill tokens {shared['prefill_tokens_cached']} vs {shared['prefill_tokens_uncached']},"
+        f" prefix_cache_speedup = {shared['speedup']:.2f}"
+    )
+    print(f"load average (1, 5, 15 min): {result['load_average']}")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     return result
+
+
+def run_mixed(params, hf, n_requests: int, rng) -> dict:
+    """Prompts of 8-96 tokens, 64 new tokens each: ours (16 slots) vs HF batch 16 padded."""
+    new = 64
+    lengths = rng.integers(8, 97, n_requests)
+    prompts = [rng.integers(32, 127, int(n)).tolist() for n in lengths]
+    engine = SlotEngine(
+        CFG, params, ServingConfig(slots=16, prefill_buckets=(16, 32, 64, 96), max_len=96 + new)
+    )
+    engine.warmup()
+    ours = run_ours(engine, prompts, float("inf"), new=new)
+    theirs = run_hf(hf, prompts, 16, new=new)
+    return {
+        "requests": n_requests,
+        "prompt_lengths": [8, 96],
+        "new_tokens": new,
+        "ours_tokens_per_s": ours["output_tokens_per_s"],
+        "hf_tokens_per_s": theirs["output_tokens_per_s"],
+        "ours_over_hf": ours["output_tokens_per_s"] / theirs["output_tokens_per_s"],
+    }
+
+
+def run_shared_prefix(params, n_requests: int, rng) -> dict:
+    """Requests sharing a 512-token system prompt: paged cache with / without prefix caching."""
+    new, system = 16, rng.integers(32, 127, 512).tolist()
+    prompts = [system + rng.integers(32, 127, 16).tolist() for _ in range(n_requests)]
+    out: dict = {"requests": n_requests, "system_prompt_tokens": 512, "new_tokens": new}
+    times = {}
+    for caching in (True, False):
+        config = ServingConfig(
+            slots=16,
+            prefill_buckets=(16, 32, 544),
+            max_len=512 + 16 + new,
+            kv_cache="paged",
+            prefix_caching=caching,
+        )
+        engine = SlotEngine(CFG, params, config)
+        engine.warmup()
+        stats: dict = {}
+        t0 = time.perf_counter()
+        run = run_ours(engine, prompts, float("inf"), new=new, stats=stats)
+        times[caching] = time.perf_counter() - t0
+        key = "cached" if caching else "uncached"
+        out[f"prefill_tokens_{key}"] = int(stats["prefill_tokens_computed_total"])
+        out[f"tokens_per_s_{key}"] = run["output_tokens_per_s"]
+        out[f"ttft_p50_ms_{key}"] = run["ttft"]["p50_ms"]
+        if caching:
+            out["hit_rate"] = stats["hit_rate"]
+    out["speedup"] = times[False] / times[True]
+    return out
 
 
 if __name__ == "__main__":

@@ -6,32 +6,41 @@ server for jaxcore models.
     print(llm.generate("def main(", max_tokens=32).text)
 """
 
-from inference.batching import QueueFullError, Request, RequestError, Scheduler
-from inference.engine import EngineConfig, SlotEngine
+from inference.batching import Scheduler
+from inference.config import ServingConfig
+from inference.engine import SlotEngine
 from inference.llm import LLM, Completion
 from inference.quantize import QuantizedWeight, quantize_weights, smooth_weights
+from inference.request import QueueFullError, Request, RequestError
 from inference.sampling import SamplingParams, sample_tokens
-from inference.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer, load_tokenizer
-from inference.weights import load_safetensors, resolve, save_safetensors
+from inference.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
+from inference.weights import (
+    ResolvedModel,
+    load_safetensors,
+    resolve,
+    resolve_model,
+    save_safetensors,
+)
 
 __all__ = [
     "LLM",
     "ByteTokenizer",
     "Completion",
-    "EngineConfig",
-    "HFTokenizer",
     "QuantizedWeight",
     "QueueFullError",
     "Request",
     "RequestError",
+    "ResolvedModel",
     "SamplingParams",
     "Scheduler",
+    "ServingConfig",
     "SlotEngine",
     "Tokenizer",
     "load_safetensors",
     "load_tokenizer",
     "quantize_weights",
     "resolve",
+    "resolve_model",
     "sample_tokens",
     "save_safetensors",
     "smooth_weights",

@@ -2,151 +2,64 @@
 
 Requests wait in a bounded queue (a full queue rejects at once with `QueueFullError`, so
 callers can answer 429 instead of piling up work). The scheduler thread loops: it admits
-waiting requests into free slots (prefill + insert), then advances every busy slot by one
-decode step; a sequence that hits a stop token, a stop string, its token limit or the end
-of its slot, or that was cancelled, frees its slot at once for the next request (Orca's
-iteration-level scheduling, Yu et al. OSDI 2022; vLLM and JetStream work the same way).
+waiting requests into free slots (prefill + insert), then advances every busy slot by a
+multi-step decode dispatch; a sequence that hits a stop token, a stop string, its token
+limit or the end of its slot, or that was cancelled, frees its slot for the next request
+(Orca's iteration-level scheduling, Yu et al. OSDI 2022; vLLM and JetStream work the
+same way).
+
+The loop is pipelined: an iteration dispatches this round's prefills and decode first,
+then hands out the previous round's tokens while the device computes, so the host's
+detokenizing, stop-string checks and callbacks overlap the device's work.
 """
 
 from __future__ import annotations
 
-import itertools
+import collections
 import logging
-import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
 import jaxcore as jc
-from inference.engine import SlotEngine, fetch
+from inference.engine import SlotEngine, SlotSettings, fetch, fetch_prefill
+from inference.paging import PagePool, Reservation
+from inference.request import QueueFullError, Request, RequestError
 from inference.sampling import SamplingParams
 from inference.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
+__all__ = ["QueueFullError", "Request", "RequestError", "Scheduler", "run_to_completion"]
 
-class RequestError(jc.JaxcoreError, ValueError):
-    """A request that can never run (too long for the context, empty prompt...)."""
-
-
-class QueueFullError(jc.JaxcoreError, RuntimeError):
-    """The waiting queue is full: retry later (HTTP 429)."""
+# Latency histogram bucket bounds in seconds (Prometheus ``le`` labels).
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 
-class Request:
-    """One generation request: its prompt, settings, progress and result.
+class Histogram:
+    """A Prometheus histogram: cumulative bucket counts, sum and count."""
 
-    The scheduler thread appends tokens; other threads read `text`, wait with `wait()`
-    or get called back through ``on_update(request, finished)`` after every token.
-    """
+    def __init__(self, bounds: Sequence[float] = LATENCY_BUCKETS):
+        self.bounds = tuple(bounds)
+        self.counts = [0] * (len(self.bounds) + 1)
+        self.sum = 0.0
+        self.count = 0
 
-    _ids = itertools.count()
+    def observe(self, value: float) -> None:
+        self.counts[int(np.searchsorted(self.bounds, value))] += 1
+        self.sum += value
+        self.count += 1
 
-    def __init__(
-        self,
-        prompt: list[int],
-        params: SamplingParams,
-        tokenizer: Tokenizer,
-        on_update: Callable[[Request, bool], None] | None = None,
-    ):
-        self.id = next(Request._ids)
-        self.prompt = list(prompt)
-        self.params = params
-        self.tokenizer = tokenizer
-        self.on_update = on_update
-        self.output: list[int] = []
-        self.logprobs: list[float] = []
-        self.top_logprobs: list[list[tuple[int, float]]] = []
-        self.prompt_logprobs: list[float] = []
-        self.prompt_top_logprobs: list[list[tuple[int, float]]] = []
-        self.text = ""
-        self.stable_len = 0  # characters of `text` that can no longer change
-        self.finish_reason: str | None = None
-        self.error: BaseException | None = None
-        self.arrival = time.perf_counter()
-        self.first_token_time: float | None = None
-        self.finish_time: float | None = None
-        self._cancelled = False
-        self._done = threading.Event()
-
-    # --------------------------------------------------------------- caller side
-    def cancel(self) -> None:
-        """Stop generating; the slot is freed at the scheduler's next iteration."""
-        self._cancelled = True
-
-    @property
-    def cancelled(self) -> bool:
-        return self._cancelled
-
-    @property
-    def done(self) -> bool:
-        return self._done.is_set()
-
-    def wait(self, timeout: float | None = None) -> Request:
-        """Block until finished; re-raise a scheduler error that hit this request."""
-        if not self._done.wait(timeout):
-            raise TimeoutError(f"request {self.id} not finished after {timeout} s")
-        if self.error is not None:
-            raise self.error
-        return self
-
-    # --------------------------------------------------------------- scheduler side
-    def _add(self, token: int, logprob: float, top_ids: np.ndarray, top_lps: np.ndarray) -> None:
-        if self.first_token_time is None:
-            self.first_token_time = time.perf_counter()
-        p = self.params
-        eos = self.tokenizer.eos_id
-        if token in p.stop_token_ids or (eos is not None and token == eos and not p.ignore_eos):
-            self._finish("stop")
-            return
-        self.output.append(token)
-        self.logprobs.append(logprob)
-        if p.logprobs:
-            n = p.logprobs
-            self.top_logprobs.append(
-                list(zip(top_ids[:n].tolist(), top_lps[:n].tolist(), strict=True))
-            )
-        self._update_text()
-        if self.finish_reason is None and len(self.output) >= p.max_tokens:
-            self._finish("length")
-
-    def _update_text(self) -> None:
-        text = self.tokenizer.decode(self.output)
-        hold = 0
-        for stop in self.params.stop:
-            at = text.find(stop, max(0, self.stable_len - len(stop)))
-            if at >= 0:
-                self.text = text[:at]
-                self.stable_len = len(self.text)
-                self._finish("stop")
-                return
-            # Hold back a tail that could still grow into this stop string.
-            for k in range(min(len(stop) - 1, len(text)), 0, -1):
-                if text.endswith(stop[:k]):
-                    hold = max(hold, k)
-                    break
-        if text.endswith("\ufffd"):  # an incomplete UTF-8 character: wait for the rest
-            hold = max(hold, 1)
-        self.text = text
-        self.stable_len = max(self.stable_len, len(text) - hold)
-
-    def _finish(self, reason: str) -> None:
-        if self.finish_reason is None:
-            self.finish_reason = reason
-            self.stable_len = len(self.text)
-            self.finish_time = time.perf_counter()
-
-    def _notify(self) -> None:
-        if self.on_update is not None:
-            try:
-                self.on_update(self, self.finish_reason is not None)
-            except Exception:  # a broken callback must not stop the scheduler
-                log.exception("on_update callback of request %d failed", self.id)
-        if self.finish_reason is not None:
-            self._done.set()
+    def cumulative(self) -> list[tuple[str, int]]:
+        """``(le, count of observations <= le)`` pairs, ending with ``+Inf``."""
+        running, out = 0, []
+        for bound, n in zip((*map(str, self.bounds), "+Inf"), self.counts, strict=True):
+            running += n
+            out.append((bound, running))
+        return out
 
 
 class Scheduler:
@@ -157,31 +70,57 @@ class Scheduler:
             raise jc.ConfigError(f"queue_size={queue_size!r}: must be >= 1.")
         self.engine = engine
         self.tokenizer = tokenizer
-        self.queue: queue.Queue[Request] = queue.Queue(maxsize=queue_size)
+        self.queue_size = queue_size
+        self._queue: collections.deque[Request] = collections.deque()
+        self._queue_lock = threading.Lock()
         self.slots: list[Request | None] = [None] * engine.config.slots
+        self.pool: PagePool | None = None
+        if engine.paged:
+            self.pool = PagePool(
+                engine.num_pages,
+                engine.config.page_size,
+                engine.pages_per_slot,
+                prefix_caching=engine.config.prefix_caching,
+            )
+        self._reserved: list[Reservation | None] = [None] * engine.config.slots
         self._seed = np.random.SeedSequence(engine.config.seed)
         self._wakeup = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
-        # The decode step in flight and the requests its slots held when dispatched.
-        self._pending: tuple[Any, list[Request | None]] | None = None
+        # Dispatched but not yet delivered: ("prefill" | "decode", device outputs, holders).
+        self._inflight: list[tuple[str, Any, Any]] = []
         self.stats: dict[str, float] = {
             "requests_total": 0,
             "requests_finished": 0,
             "requests_rejected": 0,
             "requests_cancelled": 0,
             "prompt_tokens_total": 0,
+            "prefill_tokens_computed_total": 0,
+            "prefix_cache_hit_tokens_total": 0,
             "generation_tokens_total": 0,
             "decode_steps_total": 0,
-            "time_to_first_token_seconds_sum": 0.0,
-            "request_latency_seconds_sum": 0.0,
+            "decode_dispatches_total": 0,
+        }
+        self.histograms = {
+            "time_to_first_token_seconds": Histogram(),
+            "request_latency_seconds": Histogram(),
+            "time_per_output_token_seconds": Histogram(
+                (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+            ),
         }
 
     # --------------------------------------------------------------- public
     @property
     def max_len(self) -> int:
         return self.engine.max_len
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def queue_depth(self) -> int:
+        return len(self._queue)
 
     def start(self) -> Scheduler:
         """Start the scheduler thread (idempotent)."""
@@ -206,16 +145,30 @@ class Scheduler:
         """Raise `RequestError` for a request that can never run."""
         if not prompt:
             raise RequestError("the prompt is empty; send at least one token.")
+        vocab = self.engine.model_config.vocab_size
+        bad = [t for t in prompt if not (isinstance(t, int | np.integer) and 0 <= t < vocab)]
+        if bad:
+            raise RequestError(
+                f"prompt token ids must be integers in [0, {vocab}); got {bad[:5]}.",
+                code="invalid_token_id",
+            )
         if len(prompt) + params.max_tokens > self.max_len:
             raise RequestError(
                 f"this model's context is {self.max_len} tokens, but the prompt has "
                 f"{len(prompt)} tokens and max_tokens is {params.max_tokens} "
                 f"({len(prompt) + params.max_tokens} in all). Shorten the prompt or lower "
-                "max_tokens."
+                "max_tokens.",
+                code="context_length_exceeded",
             )
-        vocab = self.engine.model_config.vocab_size
-        if any(not 0 <= t < vocab for t in prompt):
-            raise RequestError(f"prompt token ids must lie in [0, {vocab}).")
+        if self.pool is not None:
+            total = min(len(prompt) + max(params.max_tokens, 1), self.max_len)
+            pages = -(-total // self.pool.page_size)
+            if pages > self.pool.total:
+                raise RequestError(
+                    f"this request needs {pages} KV-cache pages but the pool holds "
+                    f"{self.pool.total}; lower max_tokens or serve with more pages.",
+                    code="context_length_exceeded",
+                )
 
     def submit(
         self,
@@ -224,19 +177,34 @@ class Scheduler:
         on_update: Callable[[Request, bool], None] | None = None,
     ) -> Request:
         """Queue a request; raises `RequestError` or `QueueFullError` at once."""
-        params = params or SamplingParams()
-        self.validate(prompt, params)
-        request = Request(prompt, params, self.tokenizer, on_update)
-        try:
-            self.queue.put_nowait(request)
-        except queue.Full:
-            self.stats["requests_rejected"] += 1
-            raise QueueFullError(
-                f"the request queue is full ({self.queue.maxsize} waiting); retry later."
-            ) from None
-        self.stats["requests_total"] += 1
-        self._wakeup.set()
+        (request,) = self.submit_many([(prompt, params or SamplingParams())], on_update)
         return request
+
+    def submit_many(
+        self,
+        work: Sequence[tuple[list[int], SamplingParams]],
+        on_update: Callable[[Request, bool], None] | None = None,
+    ) -> list[Request]:
+        """Queue several requests all or none (one HTTP request with several prompts).
+
+        A group larger than the whole queue is still taken when the queue is empty:
+        otherwise it could never run and retrying would never succeed.
+        """
+        for prompt, params in work:
+            self.validate(prompt, params)
+        requests = [Request(p, s, self.tokenizer, on_update) for p, s in work]
+        with self._queue_lock:
+            waiting = len(self._queue)
+            if waiting and waiting + len(requests) > self.queue_size:
+                self.stats["requests_rejected"] += len(requests)
+                raise QueueFullError(
+                    f"the request queue is full ({waiting} of {self.queue_size} waiting, "
+                    f"{len(requests)} more asked); retry later."
+                )
+            self._queue.extend(requests)
+            self.stats["requests_total"] += len(requests)
+        self._wakeup.set()
+        return requests
 
     def active_slots(self) -> int:
         return sum(r is not None for r in self.slots)
@@ -246,7 +214,7 @@ class Scheduler:
         try:
             while not self._stop.is_set():
                 self.step()
-                if not self.busy() and self.queue.empty():
+                if not self.busy() and not self._queue:
                     self._wakeup.wait(0.05)
                     self._wakeup.clear()
         except BaseException as e:  # fail every request rather than hang their callers
@@ -256,56 +224,120 @@ class Scheduler:
         self._fail_all(None)
 
     def step(self) -> None:
-        """One scheduler iteration: drop cancelled, admit into free slots, then dispatch a
-        decode step and, while it runs, hand out the tokens of the previous one.
+        """One scheduler iteration: drop cancelled, dispatch prefills into free slots and
+        one multi-step decode, then hand out what the previous iteration dispatched.
 
-        Overlapping host work with the device is what makes the loop pipelined (JetStream's
-        detokenizing thread serves the same purpose); a slot that finished in the previous
-        step computes one extra token in the step already dispatched, which is dropped.
+        A slot that finished in the previous iteration computes extra tokens in the
+        dispatch already under way; they are dropped.
         """
         for i, r in enumerate(self.slots):
             if r is not None and r.cancelled:
                 r._finish("cancelled")
                 self.stats["requests_cancelled"] += 1
                 self._release(i)
+        previous, self._inflight = self._inflight, []
         for i in range(len(self.slots)):
             if self.slots[i] is None:
                 request = self._next_request()
                 if request is None:
                     break
-                self._admit(i, request)
+                if not self._admit(i, request):  # no pages free: it waits at the head
+                    with self._queue_lock:
+                        self._queue.appendleft(request)
+                    break
         active = np.array([r is not None for r in self.slots])
-        pending, self._pending = self._pending, None
         if active.any():
-            self._pending = (self.engine.decode_async(active), list(self.slots))
-            self.stats["decode_steps_total"] += 1
-        if pending is not None:
-            self._deliver(*pending)
+            out = self.engine.decode_async(active)
+            self._inflight.append(("decode", out, list(self.slots)))
+            self.stats["decode_dispatches_total"] += 1
+            self.stats["decode_steps_total"] += self.engine.config.decode_steps
+        for kind, out, holders in previous:
+            if kind == "prefill":
+                self._deliver_prefill(out, holders)
+            else:
+                self._deliver_decode(out, holders)
 
     def busy(self) -> bool:
-        """Whether any slot is generating or a decode step is still in flight."""
-        return self._pending is not None or self.active_slots() > 0
+        """Whether any slot is generating or a dispatch is still to be delivered."""
+        return bool(self._inflight) or self.active_slots() > 0
 
-    def _deliver(self, out: Any, holders: list[Request | None]) -> None:
+    def _holds(self, slot: int, r: Request) -> bool:
+        return self.slots[slot] is r and r.finish_reason is None
+
+    def _deliver_decode(self, out: Any, holders: list[Request | None]) -> None:
         out = fetch(out)
+        for step in range(out.tokens.shape[0]):
+            for i, r in enumerate(holders):
+                if r is None or not out.emitted[step, i] or not self._holds(i, r):
+                    continue  # the slot was free, stopped, or its request ended before
+                self._add(r, out.tokens[step, i], out.logprobs[step, i], out, (step, i))
+                self._after_token(i, r)
         for i, r in enumerate(holders):
-            if r is None or r.finish_reason is not None or self.slots[i] is not r:
-                continue  # the slot was free, or its request ended before this step
-            r._add(int(out.tokens[i]), float(out.logprobs[i]), out.top_ids[i], out.top_logprobs[i])
-            self.stats["generation_tokens_total"] += 1
-            if r.finish_reason is None and len(r.prompt) + len(r.output) >= self.max_len:
-                r._finish("length")
-            if r.finish_reason is not None:
-                self._release(i)
-            else:
+            if r is not None and self._holds(i, r):
                 r._notify()
+
+    def _deliver_prefill(self, out: Any, holder: tuple[int, Request]) -> None:
+        slot, r = holder
+        try:
+            first = fetch_prefill(out)
+        except Exception as e:
+            self._fail(slot, r, e)
+            return
+        if not self._holds(slot, r):
+            return
+        p = r.params
+        if p.prompt_logprobs is not None:
+            n = p.prompt_logprobs
+            r.prompt_logprobs = first.prompt_logprobs.tolist()
+            r.prompt_ranks = first.prompt_ranks.tolist()
+            r.prompt_top_logprobs = [
+                list(zip(ids[:n].tolist(), lps[:n].tolist(), strict=True))
+                for ids, lps in zip(first.prompt_top_ids, first.prompt_top_logprobs, strict=True)
+            ]
+        if p.max_tokens == 0:
+            r.first_token_time = time.perf_counter()
+            r._finish("length")
+        else:
+            single = _Single(first)
+            self._add(r, first.token, first.logprob, single, None)
+        self._after_token(slot, r)
+        if self._holds(slot, r):
+            r._notify()
+
+    def _after_token(self, slot: int, r: Request) -> None:
+        if r.finish_reason is None and len(r.prompt) + len(r.output) >= self.max_len:
+            r._finish("length")
+        if r.finish_reason is not None:
+            self._release(slot)
+
+    def _add(self, r: Request, token: Any, logprob: Any, out: Any, at: Any) -> None:
+        # A failure that belongs to one request (its tokenizer, its stop strings) fails
+        # that request only; the scheduler thread keeps serving the others.
+        try:
+            top_ids = out.top_ids if at is None else out.top_ids[at]
+            top_lps = out.top_logprobs if at is None else out.top_logprobs[at]
+            r._add(int(token), float(logprob), top_ids, top_lps)
+            self.stats["generation_tokens_total"] += 1
+        except Exception as e:
+            log.exception("request %d failed while adding a token", r.id)
+            r.error = e
+            r._finish("error")
+
+    def _fail(self, slot: int, r: Request, error: BaseException) -> None:
+        log.error("request %d failed: %s", r.id, error)
+        r.error = error
+        r._finish("error")
+        if self.slots[slot] is r:
+            self._release(slot)
+        else:
+            r._notify()
 
     def _next_request(self) -> Request | None:
         while True:
-            try:
-                request = self.queue.get_nowait()
-            except queue.Empty:
-                return None
+            with self._queue_lock:
+                if not self._queue:
+                    return None
+                request = self._queue.popleft()
             if not request.cancelled:
                 return request
             request._finish("cancelled")
@@ -320,73 +352,95 @@ class Scheduler:
         )
         return np.asarray([0, seed & 0xFFFFFFFF], np.uint32)
 
-    def _admit(self, slot: int, r: Request) -> None:
+    def _admit(self, slot: int, r: Request) -> bool:
+        """Dispatch ``r``'s prefill into ``slot``; False when the paged cache lacks pages."""
         p = r.params
+        start, table = 0, None
+        if self.pool is not None:
+            total = min(len(r.prompt) + max(p.max_tokens, 1), self.max_len)
+            # Prompt log-probs need every prompt position's logits: no cached prefix.
+            reservation = self.pool.reserve(r.prompt, total, use_cache=p.prompt_logprobs is None)
+            if reservation is None:
+                return False
+            self._reserved[slot] = reservation
+            start, table = reservation.cached_tokens, reservation.table
+        settings = SlotSettings(
+            key=self._key(p),
+            max_tokens=p.max_tokens,
+            min_tokens=p.min_tokens,
+            temperature=p.temperature,
+            top_k=p.top_k,
+            top_p=p.top_p,
+            repetition=p.repetition_penalty,
+            presence=p.presence_penalty,
+            frequency=p.frequency_penalty,
+            stop_ids=r.stop_ids(),
+        )
         try:
-            out = self.engine.prefill(
-                slot,
-                r.prompt,
-                key=self._key(p),
-                temperature=p.temperature,
-                top_k=p.top_k,
-                top_p=p.top_p,
-            )
+            out = self.engine.prefill_async(slot, r.prompt, settings, start=start, pages=table)
         except Exception as e:
+            self._unreserve(slot)
             r.error = e
             r._finish("error")
             r._notify()
-            return
+            return True
         self.stats["prompt_tokens_total"] += len(r.prompt)
-        if p.prompt_logprobs:
-            r.prompt_logprobs = out.prompt_logprobs.tolist()
-            n = p.logprobs or 0
-            r.prompt_top_logprobs = [
-                list(zip(ids[:n].tolist(), lps[:n].tolist(), strict=True))
-                for ids, lps in zip(out.prompt_top_ids, out.prompt_top_logprobs, strict=True)
-            ]
-        if p.max_tokens == 0:
-            r.first_token_time = time.perf_counter()
-            r._finish("length")
-        else:
-            r._add(out.token, out.logprob, out.top_ids, out.top_logprobs)
-            self.stats["generation_tokens_total"] += 1
+        self.stats["prefill_tokens_computed_total"] += len(r.prompt) - start
+        self.stats["prefix_cache_hit_tokens_total"] += start
         self.slots[slot] = r
-        if r.finish_reason is not None:
-            self._release(slot)
-        else:
-            r._notify()
+        self._inflight.append(("prefill", out, (slot, r)))
+        return True
+
+    def _unreserve(self, slot: int) -> None:
+        reservation, self._reserved[slot] = self._reserved[slot], None
+        if reservation is not None and self.pool is not None:
+            self.pool.release(reservation)
 
     def _release(self, slot: int) -> None:
         r = self.slots[slot]
         self.slots[slot] = None
+        self._unreserve(slot)
         if r is None:
             return
         self.stats["requests_finished"] += 1
+        now = time.perf_counter()
+        h = self.histograms
         if r.first_token_time is not None:
-            self.stats["time_to_first_token_seconds_sum"] += r.first_token_time - r.arrival
-        self.stats["request_latency_seconds_sum"] += time.perf_counter() - r.arrival
+            h["time_to_first_token_seconds"].observe(r.first_token_time - r.arrival)
+            if len(r.output) > 1:
+                per_token = (now - r.first_token_time) / (len(r.output) - 1)
+                h["time_per_output_token_seconds"].observe(per_token)
+        h["request_latency_seconds"].observe(now - r.arrival)
         r._notify()
 
     def _fail_all(self, error: BaseException | None) -> None:
         pending = [r for r in self.slots if r is not None]
         self.slots = [None] * len(self.slots)
-        self._pending = None
-        while True:
-            try:
-                pending.append(self.queue.get_nowait())
-            except queue.Empty:
-                break
+        for slot in range(len(self.slots)):
+            self._unreserve(slot)
+        self._inflight = []
+        with self._queue_lock:
+            pending.extend(self._queue)
+            self._queue.clear()
         for r in pending:
             r.error = error
             r._finish("cancelled" if error is None else "error")
             r._notify()
 
 
+class _Single:
+    """A prefill's first-token alternatives in the shape `Scheduler._add` reads."""
+
+    def __init__(self, first: Any):
+        self.top_ids = first.top_ids
+        self.top_logprobs = first.top_logprobs
+
+
 def run_to_completion(
     scheduler: Scheduler, requests: list[tuple[list[int], SamplingParams]]
 ) -> list[Any]:
     """Run requests on a scheduler without its thread (notebooks, tests): step until done."""
-    handles = [scheduler.submit(p, s) for p, s in requests]
+    handles = scheduler.submit_many(requests)
     while not all(h.done for h in handles):
         scheduler.step()
     return [h.wait() for h in handles]

@@ -1,13 +1,15 @@
-"""The device side of serving: weights on a mesh, a fixed set of decode slots, and three
-jitted functions: prefill-and-insert (one compile per prompt bucket), decode (one compile)
-and scoring.
+"""The device side of serving: weights on a mesh, a fixed set of decode slots, and two
+jitted functions: prefill-and-insert (one compile per prompt bucket) and a multi-step
+decode (one compile).
 
 This is JetStream's prefill / insert / generate split: a prompt is prefilled alone, padded
 to the next bucket length, and its cache written into a free slot while the other slots
-keep their state; each decode step advances every slot by one token with a fixed shape, so
-requests coming and going never recompile. Shardings come from the same `ParallelConfig`
-and logical-axis rules as training (weights: heads and MLP over ``tensor``; the cache:
-slots over ``data``/``fsdp``, key/value heads over ``tensor``).
+keep their state. A decode dispatch advances every live slot by up to
+``ServingConfig.decode_steps`` tokens in one ``lax.scan``, with the stop checks (EOS and
+stop tokens, ``max_tokens``, the context length) on device, so the host pays one round
+trip per K tokens instead of one per token (as MaxText's and JetStream's generate loops
+keep the loop on device). Penalties, ``min_tokens`` and per-slot sampling settings are
+arrays in the slot state, so one compiled step serves any mix of requests.
 """
 
 from __future__ import annotations
@@ -19,98 +21,78 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
-from flax import struct
-from jax.sharding import NamedSharding, PartitionSpec
+from flax import nnx, struct
+from jax.sharding import NamedSharding
 
 import jaxcore as jc
 from inference import quantize as qz
-from inference.sampling import MAX_TOP_LOGPROBS, sample_tokens, token_logprobs
+from inference.config import DTYPES, ServingConfig
+from inference.placement import place
+from inference.sampling import MAX_TOP_LOGPROBS, penalize, sample_tokens, token_logprobs
 from inference.weights import build_model
 from jaxcore.models import (
     KVCache,
+    PagedKVCache,
+    Transformer,
     TransformerConfig,
     TransformerDecoder,
     decoding_weights,
+    init_paged_cache,
+    paged_decode_step,
+    paged_extend,
     plain_matmul,
 )
 
 log = logging.getLogger(__name__)
 
-QUANT_MODES = (None, "int8", "int8-smooth")
-DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-
-
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class EngineConfig:
-    """How a model is laid out for serving.
-
-    Attributes:
-        slots: sequences decoded together (the continuous-batching width).
-        max_len: positions per slot (prompt + completion); defaults to the model's
-            ``max_seq_len``.
-        prefill_buckets: prompt lengths prompts are padded up to (one compile each);
-            defaults to powers of two from 16 up to ``max_len``.
-        dtype: compute dtype of weights and cache (``float32`` or ``bfloat16``).
-        quantize: ``None``, ``int8`` (per-channel absmax) or ``int8-smooth`` (SmoothQuant
-            scales calibrated on ``calibration`` batches first).
-        smooth_alpha: SmoothQuant's migration strength.
-        parallel: mesh layout; ``None`` serves on one device.
-        seed: seed of the keys of requests that bring none.
-    """
-
-    slots: int = 8
-    max_len: int | None = None
-    prefill_buckets: tuple[int, ...] | None = None
-    dtype: str = "float32"
-    quantize: str | None = None
-    smooth_alpha: float = 0.5
-    parallel: jc.ParallelConfig | None = None
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.slots, int) or self.slots < 1:
-            raise jc.ConfigError(f"EngineConfig.slots={self.slots!r}: must be an integer >= 1.")
-        if self.max_len is not None and self.max_len < 2:
-            raise jc.ConfigError(f"EngineConfig.max_len={self.max_len!r}: must be >= 2.")
-        if self.dtype not in DTYPES:
-            raise jc.ConfigError(f"EngineConfig.dtype={self.dtype!r}: use one of {list(DTYPES)}.")
-        if self.quantize not in QUANT_MODES:
-            raise jc.ConfigError(
-                f"EngineConfig.quantize={self.quantize!r}: use one of {list(QUANT_MODES)}."
-            )
-        if not 0 <= self.smooth_alpha <= 1:
-            raise jc.ConfigError(
-                f"EngineConfig.smooth_alpha={self.smooth_alpha!r}: must be in [0, 1]."
-            )
-        if self.prefill_buckets is not None and (
-            not self.prefill_buckets or any(b < 1 for b in self.prefill_buckets)
-        ):
-            raise jc.ConfigError(
-                f"EngineConfig.prefill_buckets={self.prefill_buckets!r}: give positive lengths."
-            )
-
 
 class SlotState(struct.PyTreeNode):
     """Everything the decode step carries per slot (donated from step to step)."""
 
-    cache: KVCache
+    cache: KVCache | PagedKVCache
     tokens: jax.Array  # (slots,) the last token of each slot: the next decode input
+    alive: jax.Array  # (slots,) bool: still generating (cleared on device at a stop)
     keys: jax.Array  # (slots, 2) uint32 raw key data
     counters: jax.Array  # (slots,) tokens drawn so far (folded into the key)
+    max_tokens: jax.Array
+    min_tokens: jax.Array
     temperature: jax.Array
     top_k: jax.Array
     top_p: jax.Array
+    repetition: jax.Array
+    presence: jax.Array
+    frequency: jax.Array
+    stop_mask: jax.Array  # (slots, vocab) bool: EOS and stop_token_ids
+    seen: jax.Array  # (slots, vocab) bool: in the prompt or the output
+    counts: jax.Array  # (slots, vocab) int32: generated occurrences
+
+
+@dataclasses.dataclass(frozen=True)
+class SlotSettings:
+    """One request's per-slot sampling settings, as the prefill takes them."""
+
+    key: np.ndarray
+    max_tokens: int = 16
+    min_tokens: int = 0
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    repetition: float = 1.0
+    presence: float = 0.0
+    frequency: float = 0.0
+    stop_ids: tuple[int, ...] = ()
 
 
 @dataclasses.dataclass(frozen=True)
 class StepOutput:
-    """Host copies of one decode step: per slot token, its log-prob and the top alternatives."""
+    """Host copies of one decode dispatch: ``(steps, slots)`` tokens and log-probs, and
+    ``emitted[s, i]``: whether slot ``i`` really produced a token at step ``s``."""
 
     tokens: np.ndarray
     logprobs: np.ndarray
     top_ids: np.ndarray
     top_logprobs: np.ndarray
+    emitted: np.ndarray
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,6 +104,7 @@ class PrefillOutput:
     top_ids: np.ndarray
     top_logprobs: np.ndarray
     prompt_logprobs: np.ndarray  # (length - 1,) log p(token[t + 1] | tokens[: t + 1])
+    prompt_ranks: np.ndarray
     prompt_top_ids: np.ndarray
     prompt_top_logprobs: np.ndarray
 
@@ -134,8 +117,8 @@ def _buckets(max_len: int) -> tuple[int, ...]:
     return (*out, max_len)
 
 
-def _reduced_spec(spec: PartitionSpec, shape: tuple[int, ...]) -> PartitionSpec:
-    return PartitionSpec(*[None if shape[i] == 1 else s for i, s in enumerate(spec)])
+def _reduced_spec(spec, shape: tuple[int, ...]):
+    return type(spec)(*[None if shape[i] == 1 else s for i, s in enumerate(spec)])
 
 
 class SlotEngine:
@@ -145,18 +128,21 @@ class SlotEngine:
         self,
         cfg: TransformerConfig,
         params: dict[str, Any],
-        config: EngineConfig | None = None,
+        config: ServingConfig | None = None,
         *,
         calibration: list[np.ndarray] | None = None,
     ):
-        self.config = config = config or EngineConfig()
+        self.config = config = config or ServingConfig()
         self.model_config = cfg
         if config.max_len is not None and config.max_len > cfg.max_seq_len:
             raise jc.ConfigError(
-                f"EngineConfig.max_len={config.max_len} is above the model's max_seq_len="
+                f"ServingConfig.max_len={config.max_len} is above the model's max_seq_len="
                 f"{cfg.max_seq_len}; lower it (or leave it None to use max_seq_len)."
             )
         self.max_len = config.max_len or cfg.max_seq_len
+        self.paged = config.kv_cache == "paged"
+        self.pages_per_slot = -(-self.max_len // config.page_size)
+        self.num_pages = config.pages or config.slots * self.pages_per_slot + 1
         self.buckets = tuple(
             sorted(
                 {min(b, self.max_len) for b in (config.prefill_buckets or _buckets(self.max_len))}
@@ -175,40 +161,32 @@ class SlotEngine:
 
     # ------------------------------------------------------------------ placement
     def _place(self, params: dict[str, Any]) -> None:
-        parallel = self.config.parallel
-        devices = jax.devices()[:1] if parallel is None else None
-        engine = jc.Engine(
-            parallel=parallel or jc.ParallelConfig(fsdp=1), precision="fp32", devices=devices
+        cfg = self.model_config
+        abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+        host = decoding_weights(build_model(cfg, params))
+        self.placement = place(
+            cfg,
+            abstract,
+            host,
+            slots=self.config.slots,
+            parallel=self.config.parallel,
+            rules=self.config.rules,
         )
-        state = engine.prepare(build_model(self.model_config, params), optax.identity())
-        self.mesh = engine.mesh
-        weights = decoding_weights(engine.bind(state))
+        self.mesh = self.placement.mesh
+        weights = jax.device_put(host, self.placement.weights)
         if self.dtype != jnp.float32:
             weights = jax.tree.map(lambda x: x.astype(self.dtype) if x.ndim >= 2 else x, weights)
         self.weights = weights
-        batch_spec = engine.batch_sharding.spec
-        batch_axes = batch_spec[0] if len(batch_spec) else None
-        ways = int(np.prod([self.mesh.shape[a] for a in jax.tree.leaves(batch_axes)] or [1]))
-        if self.config.slots % ways:
-            raise jc.ConfigError(
-                f"EngineConfig.slots={self.config.slots} does not split over the {ways} "
-                f"data-parallel ways of {parallel}; use a multiple of {ways}."
-            )
-        wk_spec = tuple(weights["blocks"]["wk"].sharding.spec) + (None,) * 4
-        # Cache (layers, slots, kv_heads, time, head_dim): layers as wk's layers, slots as
-        # the batch, kv heads as wk's kv heads.
-        self.cache_sharding = NamedSharding(
-            self.mesh, PartitionSpec(wk_spec[0], batch_axes, wk_spec[2], None, None)
-        )
-        self.slot_sharding = NamedSharding(self.mesh, PartitionSpec(batch_axes))
-        self.replicated = NamedSharding(self.mesh, PartitionSpec())
+        self.cache_sharding = self.placement.cache
+        self.slot_sharding = self.placement.slots
+        self.replicated = self.placement.replicated
 
     def _quantize(self, calibration: list[np.ndarray] | None) -> None:
         weights = self.weights
         if self.config.quantize == "int8-smooth":
             if not calibration:
                 raise jc.ConfigError(
-                    "EngineConfig.quantize='int8-smooth' needs calibration batches: pass "
+                    "ServingConfig.quantize='int8-smooth' needs calibration batches: pass "
                     "calibration=[token id arrays of shape (batch, length)]."
                 )
             stats = qz.calibrate(self.model_config, weights, calibration)
@@ -243,76 +221,151 @@ class SlotEngine:
         return node
 
     def empty_state(self) -> SlotState:
-        """All slots empty (lengths 0, greedy)."""
-        n = self.config.slots
-        cache = self.decoder.init_cache(n, self.max_len, self.dtype)
+        """All slots empty (lengths 0, greedy, not alive)."""
+        n, vocab = self.config.slots, self.model_config.vocab_size
+
+        def zeros_f():  # one buffer per field: donated buffers must not be shared
+            return jnp.zeros((n,), jnp.float32)
+
+        def zeros_i():
+            return jnp.zeros((n,), jnp.int32)
+
+        if self.paged:
+            cache = init_paged_cache(
+                self.model_config,
+                n,
+                self.max_len,
+                self.num_pages,
+                self.config.page_size,
+                self.dtype,
+            )
+        else:
+            cache = self.decoder.init_cache(n, self.max_len, self.dtype)
         state = SlotState(
             cache=cache,
-            tokens=jnp.zeros((n,), jnp.int32),
+            tokens=zeros_i(),
+            alive=jnp.zeros((n,), bool),
             keys=jnp.zeros((n, 2), jnp.uint32),
-            counters=jnp.zeros((n,), jnp.int32),
-            temperature=jnp.zeros((n,), jnp.float32),
-            top_k=jnp.zeros((n,), jnp.int32),
+            counters=zeros_i(),
+            max_tokens=zeros_i(),
+            min_tokens=zeros_i(),
+            temperature=zeros_f(),
+            top_k=zeros_i(),
             top_p=jnp.ones((n,), jnp.float32),
+            repetition=jnp.ones((n,), jnp.float32),
+            presence=zeros_f(),
+            frequency=zeros_f(),
+            stop_mask=jnp.zeros((n, vocab), bool),
+            seen=jnp.zeros((n, vocab), bool),
+            counts=jnp.zeros((n, vocab), jnp.int32),
         )
         return jax.device_put(state, self.state_shardings)
 
     # ------------------------------------------------------------------ compiled functions
     def _compile(self) -> None:
-        cache_sh = KVCache(k=self.cache_sharding, v=self.cache_sharding, lengths=self.slot_sharding)
         s = self.slot_sharding
-        self.state_shardings = SlotState(
-            cache=cache_sh, tokens=s, keys=s, counters=s, temperature=s, top_k=s, top_p=s
-        )
+        if self.paged:
+            pages = self.placement.pages
+            cache_sh = PagedKVCache(k=pages, v=pages, tables=s, lengths=s)
+        else:
+            cache_sh = KVCache(k=self.cache_sharding, v=self.cache_sharding, lengths=s)
+        fields = {f.name: s for f in dataclasses.fields(SlotState) if f.name != "cache"}
+        self.state_shardings = SlotState(cache=cache_sh, **fields)
         decoder, matmul, rep = self.decoder, self.matmul, self.replicated
+        max_len, steps = self.max_len, self.config.decode_steps
+        cfg, paged = self.model_config, self.paged
 
-        def draw(logits, keys, counters, temperature, top_k, top_p):
-            typed = jax.vmap(lambda k, c: jax.random.fold_in(jax.random.wrap_key_data(k), c))(
-                keys, counters
-            )
-            return sample_tokens(logits, typed, temperature, top_k, top_p)
+        def decode_step(weights, tokens, cache, active):
+            if paged:
+                return paged_decode_step(cfg, weights, tokens, cache, active=active, matmul=matmul)
+            return decoder.decode_step(weights, tokens, cache, active=active, matmul=matmul)
 
-        def prefill_insert(weights, state, tokens, length, slot, key, temperature, top_k, top_p):
+        def fill(weights, cache, tokens, start, length, slot, table_row):
+            """Prefill into the slot: logits of every prompt position, and the cache."""
+            if paged:
+                cache = cache.replace(tables=cache.tables.at[slot].set(table_row))
+                return paged_extend(cfg, weights, tokens, start, length, cache, slot, matmul=matmul)
             logits, prefix = decoder.prefill(weights, tokens[None, :], matmul=matmul)
-            logits = logits[0]
-            prompt_lp, prompt_top_ids, prompt_top_lp = token_logprobs(
-                logits[:-1], tokens[1:], MAX_TOP_LOGPROBS
+            return logits[0], decoder.insert(cache, prefix, slot, length)
+
+        def draw(logits, st: SlotState):
+            """Penalties, min_tokens and the per-slot sampler on ``logits: (slots, vocab)``."""
+            logits = penalize(logits, st.seen, st.counts, st.repetition, st.presence, st.frequency)
+            banned = st.stop_mask & (st.counters < st.min_tokens)[:, None]
+            logits = jnp.where(banned, -jnp.inf, logits)
+            typed = jax.vmap(lambda k, c: jax.random.fold_in(jax.random.wrap_key_data(k), c))(
+                st.keys, st.counters
             )
+            return sample_tokens(logits, typed, st.temperature, st.top_k, st.top_p)
+
+        def still_alive(st: SlotState, token, lengths):
+            """A slot stops at a stop token, at max_tokens, or when the context is full."""
+            rows = jnp.arange(token.shape[0])
+            stopped = st.stop_mask[rows, token]
+            return ~stopped & (st.counters < st.max_tokens) & (lengths + 1 < max_len)
+
+        def prefill_insert(
+            weights, state: SlotState, tokens, start, length, slot, table_row, settings, masks
+        ):
+            stop_mask, seen = masks
+            logits, cache = fill(weights, state.cache, tokens, start, length, slot, table_row)
+            prompt_out = token_logprobs(logits[:-1], tokens[1:], MAX_TOP_LOGPROBS)
             last = jax.lax.dynamic_index_in_dim(logits, length - 1, keepdims=True)
-            token = draw(
-                last,
-                key[None],
-                jnp.zeros((1,), jnp.int32),
-                temperature[None],
-                top_k[None],
-                top_p[None],
+            vocab = logits.shape[-1]
+            one = SlotState(
+                cache=None,
+                tokens=tokens[:1],
+                alive=jnp.ones((1,), bool),
+                keys=settings["key"][None],
+                counters=jnp.zeros((1,), jnp.int32),
+                seen=seen[None],
+                counts=jnp.zeros((1, vocab), jnp.int32),
+                stop_mask=stop_mask[None],
+                **{k: settings[k][None] for k in _SETTING_FIELDS},
             )
-            lp, top_ids, top_lp = token_logprobs(last, token, MAX_TOP_LOGPROBS)
+            token = draw(last, one)
+            lp, _, top_ids, top_lp = token_logprobs(last, token, MAX_TOP_LOGPROBS)
+            one = one.replace(counters=one.counters + 1)
+            alive = still_alive(one, token, (start + length)[None])[0]
+
+            def put(field, value):
+                return getattr(state, field).at[slot].set(value)
+
             new = SlotState(
-                cache=decoder.insert(state.cache, prefix, slot, length),
-                tokens=state.tokens.at[slot].set(token[0]),
-                keys=state.keys.at[slot].set(key),
-                counters=state.counters.at[slot].set(1),
-                temperature=state.temperature.at[slot].set(temperature),
-                top_k=state.top_k.at[slot].set(top_k),
-                top_p=state.top_p.at[slot].set(top_p),
+                cache=cache,
+                tokens=put("tokens", token[0]),
+                alive=put("alive", alive),
+                keys=put("keys", settings["key"]),
+                counters=put("counters", 1),
+                stop_mask=put("stop_mask", stop_mask),
+                seen=put("seen", seen.at[token[0]].set(True)),
+                counts=put("counts", jnp.zeros((vocab,), jnp.int32).at[token[0]].set(1)),
+                **{k: put(k, settings[k]) for k in _SETTING_FIELDS},
             )
             first = (token[0], lp[0], top_ids[0], top_lp[0])
-            return new, first, (prompt_lp, prompt_top_ids, prompt_top_lp)
+            return new, first, prompt_out
 
-        def decode(weights, state, active):
-            logits, cache = decoder.decode_step(
-                weights, state.tokens, state.cache, active=active, matmul=matmul
-            )
-            token = draw(
-                logits, state.keys, state.counters, state.temperature, state.top_k, state.top_p
-            )
-            token = jnp.where(active, token, state.tokens)
-            lp, top_ids, top_lp = token_logprobs(logits, token, MAX_TOP_LOGPROBS)
-            new = state.replace(
-                cache=cache, tokens=token, counters=state.counters + active.astype(jnp.int32)
-            )
-            return new, (token, lp, top_ids, top_lp)
+        def decode(weights, state: SlotState, active):
+            def one_step(st: SlotState, _):
+                live = active & st.alive
+                logits, cache = decode_step(weights, st.tokens, st.cache, live)
+                token = jnp.where(live, draw(logits, st), st.tokens)
+                lp, _, top_ids, top_lp = token_logprobs(logits, token, MAX_TOP_LOGPROBS)
+                rows = jnp.arange(token.shape[0])
+                grown = live.astype(jnp.int32)
+                st = st.replace(
+                    cache=cache,
+                    tokens=token,
+                    counters=st.counters + grown,
+                    seen=st.seen.at[rows, token].max(live),
+                    counts=st.counts.at[rows, token].add(grown),
+                )
+                st = st.replace(
+                    alive=jnp.where(live, still_alive(st, token, cache.lengths), st.alive)
+                )
+                return st, (token, lp, top_ids, top_lp, live)
+
+            return jax.lax.scan(one_step, state, None, length=steps)
 
         self._prefill_insert = jax.jit(
             prefill_insert,
@@ -329,8 +382,10 @@ class SlotEngine:
 
     def warmup(self) -> None:
         """Compile every bucket and the decode step now (then nothing compiles at runtime)."""
+        pages = np.zeros(self.pages_per_slot, np.int32) if self.paged else None
         for bucket in self.buckets:
-            self.prefill(0, [0] * bucket, key=np.zeros(2, np.uint32))
+            key = np.zeros(2, np.uint32)
+            fetch_prefill(self.prefill_async(0, [0] * bucket, SlotSettings(key=key), pages=pages))
         self.decode(np.zeros(self.config.slots, bool))
         self.state = self.empty_state()
 
@@ -344,58 +399,110 @@ class SlotEngine:
             f"{self.buckets[-1]} (max_len={self.max_len})."
         )
 
-    def prefill(
+    def prefill_async(
         self,
         slot: int,
         prompt: list[int],
+        settings: SlotSettings,
         *,
-        key: np.ndarray,
-        temperature: float = 0.0,
-        top_k: int = 0,
-        top_p: float = 1.0,
-    ) -> PrefillOutput:
-        """Prefill ``prompt`` into ``slot`` and draw its first token."""
-        length = len(prompt)
+        start: int = 0,
+        pages: np.ndarray | None = None,
+    ) -> Any:
+        """Dispatch the prefill of ``prompt`` into ``slot`` and its first draw; returns the
+        device outputs (`fetch_prefill` turns them into a `PrefillOutput`).
+
+        Paged cache: ``pages`` is the slot's page table row and the first ``start``
+        positions are already in those pages (a cached prefix): only the rest is run.
+        """
+        if self.paged and pages is None:
+            raise jc.ConfigError("a paged engine's prefill needs the slot's pages=.")
+        if not self.paged and start:
+            raise jc.ConfigError("only the paged cache can start a prefill past position 0.")
+        suffix = prompt[start:]
+        length = len(suffix)
         bucket = self.bucket_for(length)
         tokens = np.zeros(bucket, np.int32)
-        tokens[:length] = prompt
+        tokens[:length] = suffix
+        vocab = self.model_config.vocab_size
+        stop_mask = np.zeros(vocab, bool)
+        stop_mask[list(settings.stop_ids)] = True
+        seen = np.zeros(vocab, bool)
+        seen[prompt] = True
+        table_row = np.zeros(self.pages_per_slot, np.int32) if pages is None else pages
+        packed = {
+            "key": np.asarray(settings.key, np.uint32),
+            "max_tokens": np.int32(settings.max_tokens),
+            "min_tokens": np.int32(settings.min_tokens),
+            "temperature": np.float32(settings.temperature),
+            "top_k": np.int32(settings.top_k),
+            "top_p": np.float32(settings.top_p),
+            "repetition": np.float32(settings.repetition),
+            "presence": np.float32(settings.presence),
+            "frequency": np.float32(settings.frequency),
+        }
         self.state, first, prompt_out = self._prefill_insert(
             self.weights,
             self.state,
             tokens,
+            np.int32(start),
             np.int32(length),
             np.int32(slot),
-            np.asarray(key, np.uint32),
-            np.float32(temperature),
-            np.int32(top_k),
-            np.float32(top_p),
+            np.asarray(table_row, np.int32),
+            packed,
+            (stop_mask, seen),
         )
-        token, lp, top_ids, top_lp = jax.device_get(first)
-        plp, ptop_ids, ptop_lp = jax.device_get(prompt_out)
-        n = length - 1
-        return PrefillOutput(
-            token=int(token),
-            logprob=float(lp),
-            top_ids=top_ids,
-            top_logprobs=top_lp,
-            prompt_logprobs=plp[:n],
-            prompt_top_ids=ptop_ids[:n],
-            prompt_top_logprobs=ptop_lp[:n],
-        )
+        return first, prompt_out, length
+
+    def prefill(self, slot: int, prompt: list[int], settings: SlotSettings) -> PrefillOutput:
+        """Prefill ``prompt`` into ``slot`` and draw its first token (waits for it; a paged
+        engine writes it to the slot's first pages, for scoring)."""
+        pages = None
+        if self.paged:
+            pages = np.arange(1, 1 + self.pages_per_slot, dtype=np.int32) % self.num_pages
+        return fetch_prefill(self.prefill_async(slot, prompt, settings, pages=pages))
 
     def decode_async(self, active: np.ndarray) -> Any:
-        """Dispatch one decode step and return its device outputs without waiting.
-
-        The host can then work on the previous step's tokens while this one runs.
-        """
+        """Dispatch ``decode_steps`` decode steps and return their device outputs without
+        waiting: the host works on the previous dispatch's tokens while these run."""
         self.state, out = self._decode(self.weights, self.state, np.asarray(active, bool))
         return out
 
     def decode(self, active: np.ndarray) -> StepOutput:
-        """One token for every slot (rows where ``active`` is false are ignored)."""
+        """``decode_steps`` tokens for every live slot (rows where ``active`` is false, or
+        that stopped on device, are not advanced)."""
         return fetch(self.decode_async(active))
+
+
+_SETTING_FIELDS = (
+    "max_tokens",
+    "min_tokens",
+    "temperature",
+    "top_k",
+    "top_p",
+    "repetition",
+    "presence",
+    "frequency",
+)
 
 
 def fetch(out: Any) -> StepOutput:
     """Host copies of a `SlotEngine.decode_async` result."""
     return StepOutput(*jax.device_get(out))
+
+
+def fetch_prefill(out: Any) -> PrefillOutput:
+    """Host copies of a `SlotEngine.prefill_async` result."""
+    first, prompt_out, length = out
+    token, lp, top_ids, top_lp = jax.device_get(first)
+    plp, prank, ptop_ids, ptop_lp = jax.device_get(prompt_out)
+    n = length - 1
+    return PrefillOutput(
+        token=int(token),
+        logprob=float(lp),
+        top_ids=top_ids,
+        top_logprobs=top_lp,
+        prompt_logprobs=plp[:n],
+        prompt_ranks=prank[:n],
+        prompt_top_ids=ptop_ids[:n],
+        prompt_top_logprobs=ptop_lp[:n],
+    )

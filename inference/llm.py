@@ -15,11 +15,13 @@ from typing import Any
 
 import numpy as np
 
-from inference.batching import Request, Scheduler, run_to_completion
-from inference.engine import EngineConfig, SlotEngine
+from inference.batching import Scheduler, run_to_completion
+from inference.config import ServingConfig
+from inference.engine import SlotEngine
+from inference.request import Request
 from inference.sampling import SamplingParams
 from inference.tokenizer import Tokenizer, load_tokenizer
-from inference.weights import resolve
+from inference.weights import resolve_model
 from jaxcore.models import TransformerConfig
 
 
@@ -59,11 +61,12 @@ class LLM:
     """A served model: weights on devices, decode slots, a tokenizer and a scheduler.
 
     Args:
-        model: a registry name (``tiny``...), a ``.safetensors`` path, a `TrainState` or a
-            params dict (the last two with ``config=``).
+        model: a registry name (``tiny``...), ``registry:NAME@alias``, a ``.safetensors``
+            path, a `TrainState` or a params dict (the last two with ``config=``).
         config: the `TransformerConfig` when ``model`` carries none.
-        engine: slots, buckets, dtype, quantization and mesh (`EngineConfig`).
-        tokenizer: a tokenizer, a ``tokenizer.json`` path, or ``None`` for bytes.
+        engine: slots, buckets, dtype, quantization and mesh (`ServingConfig`).
+        tokenizer: a tokenizer object, a ``tokenizer.json`` path or folder (a ``str`` is
+            always a path), or ``None``: the model source's tokenizer, else bytes.
         calibration: texts or token-id arrays for ``quantize='int8-smooth'``.
         queue_size: waiting requests before `QueueFullError`.
         seed: initialisation seed for registry names.
@@ -74,16 +77,15 @@ class LLM:
         model: Any,
         *,
         config: TransformerConfig | None = None,
-        engine: EngineConfig | None = None,
+        engine: ServingConfig | None = None,
         tokenizer: Tokenizer | str | None = None,
         calibration: list[Any] | None = None,
         queue_size: int = 256,
         seed: int = 0,
     ):
-        cfg, params = resolve(model, config=config, seed=seed)
-        self.tokenizer = (
-            tokenizer if hasattr(tokenizer, "encode") else load_tokenizer(tokenizer)  # type: ignore[arg-type]
-        )
+        resolved = resolve_model(model, config=config, seed=seed)
+        cfg, params = resolved.config, resolved.params
+        self.tokenizer = load_tokenizer(tokenizer or resolved.tokenizer_path)
         batches = None
         if calibration:
             batches = [
@@ -126,20 +128,17 @@ class LLM:
         params = self._params(sampling, fields)
         prompts = [prompt] if isinstance(prompt, str) else list(prompt)
         work = [(self.tokenizer.encode(p), params) for p in prompts]
-        if self.scheduler._thread is not None:
-            handles = [self.scheduler.submit(ids, s) for ids, s in work]
-            done = [h.wait() for h in handles]
-        else:
-            done = run_to_completion(self.scheduler, work)
+        done = self._run(work)
         out = [Completion.from_request(r) for r in done]
         return out[0] if isinstance(prompt, str) else out
 
+    def _run(self, work: list[tuple[list[int], SamplingParams]]) -> list[Request]:
+        if self.scheduler.alive:
+            return [h.wait() for h in self.scheduler.submit_many(work)]
+        return run_to_completion(self.scheduler, work)
+
     def score(self, text: str) -> list[float]:
         """log p of each token of ``text`` given the ones before (the first has none)."""
-        params = SamplingParams(max_tokens=0, prompt_logprobs=True)
-        ids = self.tokenizer.encode(text)
-        if self.scheduler._thread is not None:
-            r = self.scheduler.submit(ids, params).wait()
-        else:
-            (r,) = run_to_completion(self.scheduler, [(ids, params)])
+        params = SamplingParams(max_tokens=0, prompt_logprobs=0)
+        (r,) = self._run([(self.tokenizer.encode(text), params)])
         return list(r.prompt_logprobs)

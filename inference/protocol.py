@@ -50,29 +50,34 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+# Most completions one request may ask for (n, best_of): each takes a decode slot.
+MAX_CHOICES = 16
+
+
 class _Common(_Strict):
     model: str
     temperature: float = Field(1.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(0, ge=0)  # extension (vLLM's name); 0 = off
-    n: int = Field(1, ge=1)
+    top_k: int = Field(0, ge=-1)  # vLLM's extension; 0 or -1 = off
+    n: int = Field(1, ge=1, le=MAX_CHOICES)
     stream: bool = False
     stream_options: dict[str, Any] | None = None
     stop: str | list[str] | None = None
     seed: int | None = None
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 0.0
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     logit_bias: dict[str, float] | None = None
     user: str | None = None
-    ignore_eos: bool = False  # extension
+    # vLLM's sampling extensions.
+    ignore_eos: bool = False
+    min_tokens: int = Field(0, ge=0)
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
+    repetition_penalty: float = Field(1.0, gt=0.0)
+    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
 
     def unsupported(self) -> None:
         """Raise for implemented-nowhere features requested with non-default values."""
-        if self.n != 1:
-            raise APIError(400, "only n=1 is supported; send several requests instead.", param="n")
-        for name in ("presence_penalty", "frequency_penalty"):
-            if getattr(self, name) != 0:
-                raise APIError(400, f"{name} is not supported; leave it at 0.", param=name)
         if self.logit_bias:
             raise APIError(400, "logit_bias is not supported.", param="logit_bias")
 
@@ -91,13 +96,17 @@ class CompletionRequest(_Common):
     max_tokens: int | None = Field(16, ge=0)
     logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     echo: bool = False
-    best_of: int | None = None
+    best_of: int | None = Field(None, ge=1, le=MAX_CHOICES)
     suffix: str | None = None
 
     def unsupported(self) -> None:
         super().unsupported()
-        if self.best_of not in (None, 1):
-            raise APIError(400, "best_of is not supported.", param="best_of")
+        if self.best_of is not None and self.best_of < self.n:
+            raise APIError(400, f"best_of={self.best_of} must be >= n={self.n}.", param="best_of")
+        if self.stream and (self.best_of or self.n) > self.n:
+            raise APIError(
+                400, "best_of > n cannot stream (the best are known at the end).", param="best_of"
+            )
         if self.suffix:
             raise APIError(400, "suffix (insertion) is not supported.", param="suffix")
 
@@ -128,6 +137,7 @@ class ChatRequest(_Common):
     tools: list[Any] | None = None
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
+    add_generation_prompt: bool = True  # vLLM's extension
 
     def unsupported(self) -> None:
         super().unsupported()
@@ -137,6 +147,31 @@ class ChatRequest(_Common):
             raise APIError(
                 400, "only response_format type 'text' is supported.", param="response_format"
             )
+
+
+class TokenizeRequest(_Strict):
+    """vLLM's ``/tokenize``: a prompt or chat messages to token ids."""
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+    return_token_strs: bool = False
+
+    def unsupported(self) -> None:
+        if (self.prompt is None) == (self.messages is None):
+            raise APIError(400, "give exactly one of 'prompt' and 'messages'.", param="prompt")
+
+
+class DetokenizeRequest(_Strict):
+    """vLLM's ``/detokenize``: token ids to text."""
+
+    model: str | None = None
+    tokens: list[int]
+
+    def unsupported(self) -> None:
+        pass
 
 
 def parse(model: type[BaseModel], body: Any) -> Any:
@@ -163,7 +198,8 @@ def parse(model: type[BaseModel], body: Any) -> Any:
 CHAT_STOP = "\n<|"
 
 
-def chat_prompt(messages: list[ChatMessage]) -> str:
-    """``<|role|>\\ncontent\\n`` per message, then ``<|assistant|>\\n`` for the reply."""
+def chat_prompt(messages: list[ChatMessage], add_generation_prompt: bool = True) -> str:
+    """The default template for models without one: ``<|role|>\\ncontent\\n`` per message,
+    then ``<|assistant|>\\n`` for the reply."""
     parts = [f"<|{'system' if m.role == 'developer' else m.role}|>\n{m.text()}\n" for m in messages]
-    return "".join(parts) + "<|assistant|>\n"
+    return "".join(parts) + ("<|assistant|>\n" if add_generation_prompt else "")

@@ -15,8 +15,9 @@ import jax.numpy as jnp
 
 import jaxcore as jc
 
-# Alternatives per position the engine computes for ``logprobs`` (OpenAI allows up to 5).
-MAX_TOP_LOGPROBS = 5
+# Alternatives per position the engine computes for ``logprobs`` / ``top_logprobs``
+# (OpenAI's chat API and vLLM allow up to 20).
+MAX_TOP_LOGPROBS = 20
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -29,25 +30,39 @@ class SamplingParams:
             by it before sampling.
         top_k: sample among the k most likely tokens (0: no limit).
         top_p: sample among the smallest set of tokens whose probability reaches top_p.
-        stop: strings that end generation (not included in the text).
+        min_tokens: tokens generated before EOS or a stop token may end generation (they
+            are masked out until then, as in vLLM).
+        stop: strings that end generation (not included in the text unless
+            ``include_stop_str_in_output``).
         stop_token_ids: token ids that end generation (not included).
+        include_stop_str_in_output: keep the matched stop string at the end of the text.
         ignore_eos: keep going past the tokenizer's end-of-sequence token.
+        repetition_penalty: divides positive (multiplies negative) logits of every token
+            already in the prompt or the output (CTRL / vLLM; 1 = off).
+        presence_penalty: subtracted once from the logit of each token already generated.
+        frequency_penalty: subtracted per occurrence from generated tokens' logits.
         seed: seed of this request's key (``None``: drawn from the engine's seed).
         logprobs: number of top alternatives to report per token (``None``: none;
             0: only the chosen token's log-probability).
-        prompt_logprobs: also score the prompt tokens (OpenAI's ``echo`` + ``logprobs``).
+        prompt_logprobs: score the prompt tokens too, with this many alternatives each
+            (``None``: no; ``True`` means 0 alternatives).
     """
 
     max_tokens: int = 16
     temperature: float = 0.0
     top_k: int = 0
     top_p: float = 1.0
+    min_tokens: int = 0
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
+    include_stop_str_in_output: bool = False
     ignore_eos: bool = False
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
     seed: int | None = None
     logprobs: int | None = None
-    prompt_logprobs: bool = False
+    prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_tokens, int) or self.max_tokens < 0:
@@ -65,10 +80,49 @@ class SamplingParams:
                 f"SamplingParams.logprobs={self.logprobs!r}: must be between 0 and "
                 f"{MAX_TOP_LOGPROBS}, or None."
             )
+        if isinstance(self.prompt_logprobs, bool):
+            object.__setattr__(self, "prompt_logprobs", 0 if self.prompt_logprobs else None)
+        if self.prompt_logprobs is not None and not 0 <= self.prompt_logprobs <= MAX_TOP_LOGPROBS:
+            raise jc.ConfigError(
+                f"SamplingParams.prompt_logprobs={self.prompt_logprobs!r}: must be between 0 "
+                f"and {MAX_TOP_LOGPROBS}, or None."
+            )
+        if not isinstance(self.min_tokens, int) or self.min_tokens < 0:
+            raise jc.ConfigError(f"SamplingParams.min_tokens={self.min_tokens!r}: must be >= 0.")
+        if not self.repetition_penalty > 0:
+            raise jc.ConfigError(
+                f"SamplingParams.repetition_penalty={self.repetition_penalty!r}: must be > 0 "
+                "(1 = off)."
+            )
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2 <= getattr(self, name) <= 2:
+                raise jc.ConfigError(
+                    f"SamplingParams.{name}={getattr(self, name)!r}: must be in [-2, 2]."
+                )
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         if any(not s for s in self.stop):
             raise jc.ConfigError("SamplingParams.stop: stop strings must be non-empty.")
+
+
+def penalize(
+    logits: jax.Array,
+    seen: jax.Array,
+    counts: jax.Array,
+    repetition: jax.Array,
+    presence: jax.Array,
+    frequency: jax.Array,
+) -> jax.Array:
+    """vLLM's penalties on ``logits: (rows, vocab)``; with their neutral values (1, 0, 0)
+    every logit is returned bit for bit, so greedy outputs do not move.
+
+    ``seen``: tokens in the prompt or output (repetition); ``counts``: generated
+    occurrences (presence, frequency).
+    """
+    r = repetition[:, None]
+    logits = jnp.where(seen, jnp.where(logits > 0, logits / r, logits * r), logits)
+    return logits - frequency[:, None] * counts - presence[:, None] * (counts > 0)
 
 
 def _filtered_sample(logits, keys, temperature, top_k, top_p):
@@ -111,13 +165,16 @@ def sample_tokens(
 
 def token_logprobs(
     logits: jax.Array, tokens: jax.Array, top_n: int = MAX_TOP_LOGPROBS
-) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Log-probabilities of ``tokens`` under ``logits`` and the ``top_n`` alternatives.
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array]:
+    """Log-probabilities of ``tokens`` under ``logits``, their rank and the ``top_n``
+    alternatives.
 
-    Reported from the model's own distribution (before temperature, top-k, top-p), as
-    OpenAI and vLLM do. Returns ``(chosen (...,), top_ids (..., n), top_logprobs (..., n))``.
+    Reported from the model's own distribution (before penalties, temperature, top-k,
+    top-p), as OpenAI and vLLM do. Returns ``(chosen (...,), rank (...,), top_ids (..., n),
+    top_logprobs (..., n))``; rank 1 is the most likely token.
     """
     logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
     chosen = jnp.take_along_axis(logp, tokens[..., None], axis=-1)[..., 0]
+    rank = 1 + jnp.sum(logp > chosen[..., None], axis=-1, dtype=jnp.int32)
     top_lp, top_ids = jax.lax.top_k(logp, min(top_n, logits.shape[-1]))
-    return chosen, top_ids.astype(jnp.int32), top_lp
+    return chosen, rank, top_ids.astype(jnp.int32), top_lp

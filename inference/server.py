@@ -1,11 +1,14 @@
 """An OpenAI-compatible HTTP server (FastAPI + uvicorn) over the continuous-batching engine.
 
-Endpoints: ``/v1/completions`` (with ``echo`` and ``logprobs``, what evaluation harnesses
-use), ``/v1/chat/completions``, ``/v1/models``, server-sent-event streaming, ``/health``
-and ``/metrics`` (Prometheus text). Every handler only queues work on the scheduler
-thread and awaits its callbacks, so concurrent requests share decode steps. Bad input
-gets an OpenAI-style error object with a 4xx status; an unexpected failure answers 500
-and the server keeps running.
+Endpoints: ``/v1/completions`` (``echo``, ``logprobs``, ``n``, ``best_of`` and vLLM's
+sampling extensions), ``/v1/chat/completions`` (the model's own Jinja chat template when
+its tokenizer has one), ``/v1/models`` (with ``max_model_len``), vLLM's ``/tokenize`` and
+``/detokenize``, server-sent-event streaming (log-probs and echo included), ``/health``
+and ``/metrics`` (Prometheus text, latency histograms). Every handler only queues work on
+the scheduler thread and awaits its callbacks, so concurrent requests share decode steps;
+a client that disconnects cancels its requests (streaming or not). Bad input gets an
+OpenAI-style error object with a 4xx status; an unexpected failure answers 500 and the
+server keeps running.
 
     jaxcore serve --model model.safetensors --port 8000
 """
@@ -14,13 +17,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import logging
 import pathlib
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 from fastapi import FastAPI
@@ -28,24 +32,47 @@ from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
-from inference.batching import QueueFullError, Request, RequestError
+from inference import openai_format as fmt
 from inference.llm import LLM
 from inference.protocol import (
     CHAT_STOP,
     APIError,
     ChatRequest,
     CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
     chat_prompt,
     parse,
 )
+from inference.request import QueueFullError, Request, RequestError
 from inference.sampling import SamplingParams
 from jaxcore.models import TransformerConfig
 
 log = logging.getLogger(__name__)
 
+# Request bodies above this many bytes get a 413 before they are read.
+DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
+# How often a waiting non-streaming handler checks whether its client is still there.
+DISCONNECT_POLL_S = 0.2
+# The /metrics path label takes only these values (any other URL counts as "other").
+ROUTES = (
+    "/health",
+    "/metrics",
+    "/v1/models",
+    "/v1/models/{name}",
+    "/v1/completions",
+    "/v1/chat/completions",
+    "/tokenize",
+    "/detokenize",
+)
+
+
+class ClientGone(Exception):
+    """The HTTP client disconnected while its requests ran."""
+
 
 class _Watcher:
-    """Turns a request's scheduler-thread callbacks into an asyncio wake-up."""
+    """Turns scheduler-thread callbacks of a group of requests into an asyncio wake-up."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop):
         self.loop = loop
@@ -58,16 +85,51 @@ class _Watcher:
         await self.changed.wait()
         self.changed.clear()
 
+    async def until_done(
+        self,
+        requests: Sequence[Request],
+        disconnected: Callable[[], Awaitable[bool]] | None = None,
+    ) -> None:
+        """Return when every request is done; raise `ClientGone` if ``disconnected()``
+        turns true first (checked every `DISCONNECT_POLL_S`)."""
+        while not all(r.done for r in requests):
+            if disconnected is None:  # the wake-up alone must suffice: no polling
+                await self.wait()
+                continue
+            try:
+                await asyncio.wait_for(self.wait(), DISCONNECT_POLL_S)
+            except TimeoutError:
+                if await disconnected():
+                    raise ClientGone from None
+
+
+@dataclasses.dataclass
+class _Group:
+    """The requests of one HTTP call: ``samples`` per prompt (``best_of`` or ``n``)."""
+
+    prompts: list[list[int]]
+    requests: list[list[Request]]
+
+    def flat(self) -> list[Request]:
+        return [r for rs in self.requests for r in rs]
+
 
 class OpenAIServer:
     """The app state: the model, its name and limits, and HTTP counters for /metrics."""
 
     def __init__(
-        self, llm: LLM, *, model_name: str = "jaxcore", max_tokens_limit: int | None = None
+        self,
+        llm: LLM,
+        *,
+        model_name: str = "jaxcore",
+        max_tokens_limit: int | None = None,
+        max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     ):
         self.llm = llm
+        self.tok = llm.tokenizer
         self.model_name = model_name
         self.max_tokens_limit = max_tokens_limit or llm.scheduler.max_len
+        self.max_request_bytes = max_request_bytes
         self.created = int(time.time())
         self.http_counts: dict[tuple[str, int], int] = {}
         self.app = self._build()
@@ -79,16 +141,7 @@ class OpenAIServer:
         def error(e: APIError) -> JSONResponse:
             return JSONResponse(e.body(), status_code=e.status)
 
-        @app.middleware("http")
-        async def count(request: HTTPRequest, call_next):
-            try:
-                response = await call_next(request)
-            except Exception:  # never let one request take the server down
-                log.exception("unhandled error on %s", request.url.path)
-                response = error(APIError(500, "internal server error", type="server_error"))
-            key = (request.url.path, response.status_code)
-            self.http_counts[key] = self.http_counts.get(key, 0) + 1
-            return response
+        app.add_middleware(_Guard, server=self)
 
         @app.exception_handler(HTTPException)
         async def http_error(request: HTTPRequest, exc: HTTPException):
@@ -99,7 +152,11 @@ class OpenAIServer:
             return error(exc)
 
         async def body_of(request: HTTPRequest) -> Any:
-            raw = await request.body()
+            raw = bytearray()
+            async for chunk in request.stream():  # bounded even without Content-Length
+                raw += chunk
+                if len(raw) > self.max_request_bytes:
+                    raise self._too_large()
             try:
                 return json.loads(raw)
             except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -107,7 +164,7 @@ class OpenAIServer:
 
         @app.get("/health")
         async def health():
-            alive = self.llm.scheduler._thread is not None and self.llm.scheduler._thread.is_alive()
+            alive = self.llm.scheduler.alive
             return JSONResponse(
                 {"status": "ok" if alive else "stopped"}, status_code=200 if alive else 503
             )
@@ -125,61 +182,101 @@ class OpenAIServer:
             self._check_model(name)
             return self._model_card()
 
+        @app.post("/tokenize")
+        async def tokenize(request: HTTPRequest):
+            req = parse(TokenizeRequest, await body_of(request))
+            if req.model is not None:
+                self._check_model(req.model)
+            if req.messages is not None:
+                ids, _ = self._chat_ids(req.messages, req.add_generation_prompt)
+            else:
+                ids = self.tok.encode(req.prompt or "", add_special_tokens=req.add_special_tokens)
+            body: dict[str, Any] = {
+                "count": len(ids),
+                "max_model_len": self.llm.scheduler.max_len,
+                "tokens": ids,
+            }
+            if req.return_token_strs:
+                body["token_strs"] = [fmt.piece(self.tok.token_bytes(t)) for t in ids]
+            return body
+
+        @app.post("/detokenize")
+        async def detokenize(request: HTTPRequest):
+            req = parse(DetokenizeRequest, await body_of(request))
+            if req.model is not None:
+                self._check_model(req.model)
+            vocab = self.llm.config.vocab_size
+            bad = [t for t in req.tokens if not 0 <= t < vocab]
+            if bad:
+                raise APIError(
+                    400, f"token ids must lie in [0, {vocab}); got {bad[:5]}.", param="tokens"
+                )
+            return {"prompt": self.tok.decode(req.tokens)}
+
         @app.post("/v1/completions")
         async def completions(request: HTTPRequest):
             req = parse(CompletionRequest, await body_of(request))
             self._check_model(req.model)
             prompts = self._completion_prompts(req)
-            params = self._sampling(req, req.max_tokens if req.max_tokens is not None else 16)
-            params = SamplingParams(
-                **{
-                    **params.__dict__,
-                    "logprobs": req.logprobs,
-                    "prompt_logprobs": req.echo and req.logprobs is not None,
-                }
+            want_prompt_lp = req.echo and req.logprobs is not None
+            prompt_lp = req.prompt_logprobs
+            if want_prompt_lp:
+                prompt_lp = max(prompt_lp or 0, req.logprobs or 0)
+            params = dataclasses.replace(
+                self._sampling(req, req.max_tokens if req.max_tokens is not None else 16),
+                logprobs=req.logprobs,
+                prompt_logprobs=prompt_lp,
             )
+            samples = req.best_of or req.n
             if req.stream:
-                if len(prompts) != 1:
-                    raise APIError(400, "streaming takes one prompt.", param="prompt")
+                group = self._submit(prompts, params, samples, _Watcher(asyncio.get_running_loop()))
                 return StreamingResponse(
-                    self._stream(req, prompts[0], params, chat=False),
-                    media_type="text/event-stream",
+                    self._stream(req, group, chat=False), media_type="text/event-stream"
                 )
-            done = await self._run_all(prompts, params)
-            return self._completion_body(req, done)
+            group = await self._run(prompts, params, samples, request)
+            return self._completion_body(req, group)
 
         @app.post("/v1/chat/completions")
         async def chat(request: HTTPRequest):
             req = parse(ChatRequest, await body_of(request))
             self._check_model(req.model)
-            prompt = self.llm.tokenizer.encode(chat_prompt(req.messages))
+            prompt, stops = self._chat_ids(req.messages, req.add_generation_prompt)
             limit = req.max_completion_tokens or req.max_tokens
             if limit is None:
                 limit = max(1, min(self.max_tokens_limit, self.llm.scheduler.max_len - len(prompt)))
-            params = self._sampling(req, limit)
-            params = SamplingParams(
-                **{
-                    **params.__dict__,
-                    "stop": (*params.stop, CHAT_STOP),
-                    "logprobs": (req.top_logprobs or 0) if req.logprobs else None,
-                }
+            base = self._sampling(req, limit)
+            params = dataclasses.replace(
+                base,
+                stop=(*base.stop, *stops),
+                logprobs=(req.top_logprobs or 0) if req.logprobs else None,
+                prompt_logprobs=req.prompt_logprobs,
             )
             if req.stream:
+                group = self._submit([prompt], params, req.n, _Watcher(asyncio.get_running_loop()))
                 return StreamingResponse(
-                    self._stream(req, prompt, params, chat=True), media_type="text/event-stream"
+                    self._stream(req, group, chat=True), media_type="text/event-stream"
                 )
-            (r,) = await self._run_all([prompt], params)
-            return self._chat_body(req, r)
+            group = await self._run([prompt], params, req.n, request)
+            return self._chat_body(req, group)
 
         return app
 
     # ----------------------------------------------------------------- helpers
+    def _too_large(self) -> APIError:
+        return APIError(
+            413,
+            f"the request body is larger than this server's limit of "
+            f"{self.max_request_bytes} bytes; send less (or raise --max-request-bytes).",
+            code="request_too_large",
+        )
+
     def _model_card(self) -> dict[str, Any]:
         return {
             "id": self.model_name,
             "object": "model",
             "created": self.created,
             "owned_by": "jaxcore",
+            "max_model_len": self.llm.scheduler.max_len,
         }
 
     def _check_model(self, name: str) -> None:
@@ -191,14 +288,26 @@ class OpenAIServer:
                 code="model_not_found",
             )
 
+    def _chat_ids(
+        self, messages: list[Any], add_generation_prompt: bool
+    ) -> tuple[list[int], tuple]:
+        """Token ids of a chat, and the stop strings its template needs."""
+        if self.tok.chat_template:
+            text = self.tok.apply_chat_template(
+                [{"role": m.role, "content": m.text()} for m in messages],
+                add_generation_prompt=add_generation_prompt,
+            )
+            return self.tok.encode(text, add_special_tokens=False), ()
+        return self.tok.encode(chat_prompt(messages, add_generation_prompt)), (CHAT_STOP,)
+
     def _completion_prompts(self, req: CompletionRequest) -> list[list[int]]:
         p = req.prompt
         if isinstance(p, str):
-            return [self.llm.tokenizer.encode(p)]
+            return [self.tok.encode(p, add_special_tokens=True)]
         if p and all(isinstance(x, int) for x in p):
             return [list(p)]  # type: ignore[arg-type]
         if p and all(isinstance(x, str) for x in p):
-            return [self.llm.tokenizer.encode(x) for x in p]  # type: ignore[arg-type]
+            return [self.tok.encode(x, add_special_tokens=True) for x in p]  # type: ignore[arg-type]
         if p and all(isinstance(x, list) for x in p):
             return [list(x) for x in p]  # type: ignore[arg-type]
         raise APIError(
@@ -214,208 +323,226 @@ class OpenAIServer:
             )
         return SamplingParams(
             max_tokens=max_tokens,
+            min_tokens=min(req.min_tokens, max_tokens),
             temperature=req.temperature,
-            top_k=req.top_k,
+            top_k=max(req.top_k, 0),
             top_p=req.top_p,
             stop=req.stops(),
+            stop_token_ids=tuple(req.stop_token_ids or ()),
+            include_stop_str_in_output=req.include_stop_str_in_output,
             seed=req.seed,
             ignore_eos=req.ignore_eos,
+            repetition_penalty=req.repetition_penalty,
+            presence_penalty=req.presence_penalty,
+            frequency_penalty=req.frequency_penalty,
         )
 
-    def _submit(self, prompt: list[int], params: SamplingParams, watcher: _Watcher) -> Request:
+    def _submit(
+        self, prompts: list[list[int]], params: SamplingParams, samples: int, watcher: _Watcher
+    ) -> _Group:
+        """Queue ``samples`` requests per prompt, all or none (seeded ones get seed + i)."""
+        work = []
+        for prompt in prompts:
+            for i in range(samples):
+                seed = None if params.seed is None else params.seed + i
+                work.append((prompt, dataclasses.replace(params, seed=seed)))
         try:
-            return self.llm.scheduler.submit(prompt, params, on_update=watcher)
+            flat = self.llm.scheduler.submit_many(work, on_update=watcher)
         except RequestError as e:
-            raise APIError(400, str(e), param="prompt", code="context_length_exceeded") from None
+            raise APIError(400, str(e), param="prompt", code=e.code) from None
         except QueueFullError as e:
             raise APIError(429, str(e), type="server_overloaded", code="queue_full") from None
+        nested = [flat[i * samples : (i + 1) * samples] for i in range(len(prompts))]
+        return _Group(prompts, nested)
 
-    async def _run_all(self, prompts: list[list[int]], params: SamplingParams) -> list[Request]:
-        loop = asyncio.get_running_loop()
-        watchers = [_Watcher(loop) for _ in prompts]
-        requests: list[Request] = []
+    async def _run(
+        self, prompts: list[list[int]], params: SamplingParams, samples: int, http: HTTPRequest
+    ) -> _Group:
+        watcher = _Watcher(asyncio.get_running_loop())
+        group = self._submit(prompts, params, samples, watcher)
+        flat = group.flat()
         try:
-            for prompt, w in zip(prompts, watchers, strict=True):
-                requests.append(self._submit(prompt, params, w))
-            for r, w in zip(requests, watchers, strict=True):
-                while not r.done:
-                    await w.wait()
-                if r.error is not None:
-                    raise APIError(500, f"generation failed: {r.error}", type="server_error")
-            return requests
-        finally:  # a disconnected client (cancelled task) frees its slots
-            for r in requests:
+            await watcher.until_done(flat, http.is_disconnected)
+        finally:  # a disconnected client (or a cancelled task) frees its slots
+            for r in flat:
                 if not r.done:
                     r.cancel()
+        for r in flat:
+            if r.error is not None:
+                raise APIError(500, f"generation failed: {r.error}", type="server_error")
+        return group
 
-    def _usage(self, requests: Sequence[Request]) -> dict[str, int]:
-        prompt = sum(len(r.prompt) for r in requests)
-        completion = sum(len(r.output) for r in requests)
-        return {
-            "prompt_tokens": prompt,
-            "completion_tokens": completion,
-            "total_tokens": prompt + completion,
-        }
+    @staticmethod
+    def _best(requests: list[Request], n: int) -> list[Request]:
+        if len(requests) == n:
+            return requests
+        return sorted(requests, key=lambda r: -r.cumulative_logprob())[:n]
 
-    def _finish(self, r: Request) -> str:
-        return "length" if r.finish_reason == "length" else "stop"
-
-    def _completion_logprobs(self, req: CompletionRequest, r: Request) -> dict[str, Any] | None:
-        if req.logprobs is None:
-            return None
-        tok = self.llm.tokenizer
-        tokens, lps, tops = [], [], []
-        if req.echo:
-            tokens += [tok.piece(t) for t in r.prompt]
-            lps += [None, *r.prompt_logprobs]
-            tops += [
-                None,
-                *[{tok.piece(i): lp for i, lp in alts} for alts in r.prompt_top_logprobs],
-            ]
-        tokens += [tok.piece(t) for t in r.output]
-        lps += list(r.logprobs)
-        tops += [{tok.piece(i): lp for i, lp in alts} for alts in r.top_logprobs]
-        tops += [{}] * (len(tokens) - len(tops))  # logprobs=0: no alternatives
-        offsets, at = [], 0
-        for t in tokens:
-            offsets.append(at)
-            at += len(t)
-        return {
-            "tokens": tokens,
-            "token_logprobs": lps,
-            "top_logprobs": tops,
-            "text_offset": offsets,
-        }
-
-    def _completion_body(self, req: CompletionRequest, done: list[Request]) -> dict[str, Any]:
+    def _completion_body(self, req: CompletionRequest, group: _Group) -> dict[str, Any]:
         choices = []
-        for i, r in enumerate(done):
-            text = (self.llm.tokenizer.decode(r.prompt) if req.echo else "") + r.text
-            choices.append(
-                {
-                    "index": i,
-                    "text": text,
-                    "logprobs": self._completion_logprobs(req, r),
-                    "finish_reason": self._finish(r),
-                }
-            )
+        for rs in group.requests:
+            for r in self._best(rs, req.n):
+                choices.append(self._completion_choice(req, r, len(choices)))
         return {
             "id": f"cmpl-{uuid.uuid4().hex}",
             "object": "text_completion",
             "created": int(time.time()),
             "model": self.model_name,
             "choices": choices,
-            "usage": self._usage(done),
+            "usage": fmt.usage(group.prompts, group.flat()),
         }
 
-    def _chat_logprobs(self, r: Request) -> dict[str, Any] | None:
-        if r.params.logprobs is None:
-            return None
-        tok = self.llm.tokenizer
+    def _completion_choice(self, req: CompletionRequest, r: Request, index: int) -> dict:
+        text = (self.tok.decode(r.prompt) if req.echo else "") + r.text
+        logprobs = None
+        if req.logprobs is not None:
+            all_entries = fmt.entries(r, echo=req.echo)
+            logprobs = fmt.completion_logprobs(self.tok, all_entries, 0, len(all_entries))
+        choice = {
+            "index": index,
+            "text": text,
+            "logprobs": logprobs,
+            "finish_reason": fmt.finish_reason(r),
+            "stop_reason": r.stop_reason,
+        }
+        if req.prompt_logprobs is not None:
+            choice["prompt_logprobs"] = fmt.prompt_logprobs(self.tok, r)
+        return choice
 
-        def entry(t: int, lp: float) -> dict[str, Any]:
-            piece = tok.decode([t])
-            return {"token": piece, "logprob": lp, "bytes": list(piece.encode("utf-8"))}
-
-        content = []
-        for i, (t, lp) in enumerate(zip(r.output, r.logprobs, strict=True)):
-            alts = r.top_logprobs[i] if i < len(r.top_logprobs) else []
-            content.append({**entry(t, lp), "top_logprobs": [entry(a, b) for a, b in alts]})
-        return {"content": content}
-
-    def _chat_body(self, req: ChatRequest, r: Request) -> dict[str, Any]:
-        return {
+    def _chat_body(self, req: ChatRequest, group: _Group) -> dict[str, Any]:
+        choices = []
+        for i, r in enumerate(group.requests[0]):
+            logprobs = fmt.chat_logprobs(self.tok, r, 0, len(r.output)) if req.logprobs else None
+            choices.append(
+                {
+                    "index": i,
+                    "message": {"role": "assistant", "content": r.text},
+                    "logprobs": logprobs,
+                    "finish_reason": fmt.finish_reason(r),
+                    "stop_reason": r.stop_reason,
+                }
+            )
+        body = {
             "id": f"chatcmpl-{uuid.uuid4().hex}",
             "object": "chat.completion",
             "created": int(time.time()),
             "model": self.model_name,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": r.text},
-                    "logprobs": self._chat_logprobs(r),
-                    "finish_reason": self._finish(r),
-                }
-            ],
-            "usage": self._usage([r]),
+            "choices": choices,
+            "usage": fmt.usage(group.prompts, group.flat()),
         }
+        if req.prompt_logprobs is not None:
+            body["prompt_logprobs"] = fmt.prompt_logprobs(self.tok, group.requests[0][0])
+        return body
 
-    def _stream(
-        self, req: Any, prompt: list[int], params: SamplingParams, *, chat: bool
-    ) -> AsyncIterator[str]:
-        loop = asyncio.get_running_loop()
-        watcher = _Watcher(loop)
-        r = self._submit(prompt, params, watcher)  # errors here answer 4xx before streaming
+    def _stream(self, req: Any, group: _Group, *, chat: bool) -> AsyncIterator[str]:
+        watcher: _Watcher = group.flat()[0].on_update  # type: ignore[assignment]
         ident = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
         created = int(time.time())
         kind = "chat.completion.chunk" if chat else "text_completion"
+        choices = [r for rs in group.requests for r in rs]
+        echo = bool(getattr(req, "echo", False))
 
-        def chunk(delta: str | None, finish: str | None, first: bool = False) -> str:
-            if chat:
-                d: dict[str, Any] = {}
-                if first:
-                    d["role"] = "assistant"
-                if delta is not None:
-                    d["content"] = delta
-                choice = {"index": 0, "delta": d, "logprobs": None, "finish_reason": finish}
-            else:
-                choice = {
-                    "index": 0,
-                    "text": delta or "",
-                    "logprobs": None,
-                    "finish_reason": finish,
-                }
-            body = {
+        def event(payload: list[dict[str, Any]], usage: dict | None = None) -> str:
+            body: dict[str, Any] = {
                 "id": ident,
                 "object": kind,
                 "created": created,
                 "model": self.model_name,
-                "choices": [choice],
+                "choices": payload,
             }
+            if usage is not None:
+                body["usage"] = usage
             return f"data: {json.dumps(body)}\n\n"
 
+        def delta(i: int, r: Request, text: str, start: int, stop: int, finish: str | None):
+            """One choice's chunk: ``text`` and the log-probs of output tokens start:stop."""
+            if chat:
+                d: dict[str, Any] = {} if text is None else {"content": text}
+                lp = fmt.chat_logprobs(self.tok, r, start, stop) if req.logprobs else None
+                return {"index": i, "delta": d, "logprobs": lp, "finish_reason": finish}
+            lp = None
+            if req.logprobs is not None:
+                all_entries = fmt.entries(r, echo=echo)
+                shift = len(r.prompt) if echo else 0
+                lp = fmt.completion_logprobs(self.tok, all_entries, shift + start, shift + stop)
+            return {"index": i, "text": text, "logprobs": lp, "finish_reason": finish}
+
         async def gen() -> AsyncIterator[str]:
-            sent = 0
+            sent_chars = [0] * len(choices)
+            sent_tokens = [0] * len(choices)
+            finished = [False] * len(choices)
             try:
                 if chat:
-                    yield chunk("", None, first=True)
-                while True:
-                    finished = r.done
-                    upto = r.stable_len
-                    if upto > sent:
-                        yield chunk(r.text[sent:upto], None)
-                        sent = upto
-                    if finished:
-                        break
-                    await watcher.wait()
-                yield chunk(None if chat else "", self._finish(r))
+                    yield event(
+                        [
+                            {
+                                "index": i,
+                                "delta": {"role": "assistant", "content": ""},
+                                "logprobs": None,
+                                "finish_reason": None,
+                            }
+                            for i in range(len(choices))
+                        ]
+                    )
+                elif echo:  # the prompt's log-probs arrive with its prefill
+                    while not all(r.done or r.first_token_time is not None for r in choices):
+                        await watcher.wait()
+                    yield event([self._echo_chunk(req, i, r) for i, r in enumerate(choices)])
+                while not all(finished):
+                    for i, r in enumerate(choices):
+                        if finished[i]:
+                            continue
+                        done = r.done
+                        upto, tokens = r.stable_len, fmt.stable_tokens(self.tok, r)
+                        if upto > sent_chars[i] or tokens > sent_tokens[i]:
+                            text = r.text[sent_chars[i] : upto]
+                            yield event([delta(i, r, text, sent_tokens[i], tokens, None)])
+                            sent_chars[i], sent_tokens[i] = upto, tokens
+                        if done:
+                            if r.error is not None:
+                                raise r.error
+                            finished[i] = True
+                            end = delta(i, r, None if chat else "", tokens, tokens, None)
+                            end["finish_reason"] = fmt.finish_reason(r)
+                            end["stop_reason"] = r.stop_reason
+                            yield event([end])
+                    if not all(finished):
+                        await watcher.wait()
                 if req.include_usage():
-                    body = {
-                        "id": ident,
-                        "object": kind,
-                        "created": created,
-                        "model": self.model_name,
-                        "choices": [],
-                        "usage": self._usage([r]),
-                    }
-                    yield f"data: {json.dumps(body)}\n\n"
+                    yield event([], usage=fmt.usage(group.prompts, group.flat()))
                 yield "data: [DONE]\n\n"
-            finally:
-                if not r.done:
-                    r.cancel()
+            finally:  # the client went away (the task is cancelled) or we are done
+                for r in group.flat():
+                    if not r.done:
+                        r.cancel()
 
         return gen()
 
+    def _echo_chunk(self, req: CompletionRequest, i: int, r: Request) -> dict[str, Any]:
+        """The first completion chunk of an echoed stream: the prompt and its log-probs."""
+        lp = None
+        if req.logprobs is not None:
+            lp = fmt.completion_logprobs(self.tok, fmt.entries(r, echo=True), 0, len(r.prompt))
+        return {
+            "index": i,
+            "text": self.tok.decode(r.prompt),
+            "logprobs": lp,
+            "finish_reason": None,
+        }
+
     def metrics_text(self) -> str:
-        """Prometheus text exposition of the scheduler's counters and gauges."""
+        """Prometheus text exposition of the scheduler's counters, gauges and histograms."""
         s = self.llm.scheduler
         lines: list[str] = []
 
-        def metric(name: str, kind: str, help_: str, value: float, labels: str = "") -> None:
-            full = f"jaxcore_inference_{name}"
+        def header(full: str, kind: str, help_: str) -> None:
             if not any(line.startswith(f"# TYPE {full} ") for line in lines):
                 lines.append(f"# HELP {full} {help_}")
                 lines.append(f"# TYPE {full} {kind}")
+
+        def metric(name: str, kind: str, help_: str, value: float, labels: str = "") -> None:
+            full = f"jaxcore_inference_{name}"
+            header(full, kind, help_)
             lines.append(f"{full}{labels} {value}")
 
         helps = {
@@ -426,32 +553,94 @@ class OpenAIServer:
             "prompt_tokens_total": "prompt tokens prefilled",
             "generation_tokens_total": "tokens generated",
             "decode_steps_total": "batched decode steps run",
-            "time_to_first_token_seconds_sum": "summed time to first token",
-            "request_latency_seconds_sum": "summed end-to-end latency",
+            "decode_dispatches_total": "multi-step decode dispatches to the device",
         }
         for name, value in s.stats.items():
             metric(name, "counter", helps.get(name, name), value)
-        metric("queue_depth", "gauge", "requests waiting for a slot", s.queue.qsize())
+        metric("queue_depth", "gauge", "requests waiting for a slot", s.queue_depth())
         metric("active_slots", "gauge", "slots generating now", s.active_slots())
         metric("slots", "gauge", "decode slots", len(s.slots))
         metric("weight_bytes", "gauge", "bytes of served weights", s.engine.weight_bytes)
+        for name, hist in s.histograms.items():
+            full = f"jaxcore_inference_{name}"
+            header(full, "histogram", name.replace("_", " "))
+            for le, n in hist.cumulative():
+                lines.append(f'{full}_bucket{{le="{le}"}} {n}')
+            lines.append(f"{full}_sum {hist.sum}")
+            lines.append(f"{full}_count {hist.count}")
         for (path, status), n in sorted(self.http_counts.items()):
             metric(
                 "http_requests_total",
                 "counter",
-                "HTTP responses by path and status",
+                "HTTP responses by route and status",
                 n,
                 f'{{path="{path}",status="{status}"}}',
             )
         return "\n".join(lines) + "\n"
 
 
+class _Guard:
+    """Pure ASGI middleware: refuses oversized bodies, turns unhandled errors into a 500
+    and counts responses per route. (Starlette's ``BaseHTTPMiddleware`` would hide the
+    client's disconnect from `Request.is_disconnected`.)"""
+
+    def __init__(self, app: Any, server: OpenAIServer):
+        self.app = app
+        self.server = server
+
+    async def __call__(self, scope: dict, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = {"code": 500, "started": False}
+
+        async def tracked(message: dict) -> None:
+            if message["type"] == "http.response.start":
+                status["code"], status["started"] = message["status"], True
+            await send(message)
+
+        length = dict(scope.get("headers") or []).get(b"content-length", b"")
+        try:
+            if length.isdigit() and int(length) > self.server.max_request_bytes:
+                error = self.server._too_large()
+                await JSONResponse(error.body(), status_code=error.status)(scope, receive, tracked)
+            else:
+                await self.app(scope, receive, tracked)
+        except Exception:  # never let one request take the server down
+            log.exception("unhandled error on %s", scope.get("path"))
+            if not status["started"]:
+                error = APIError(500, "internal server error", type="server_error")
+                await JSONResponse(error.body(), status_code=500)(scope, receive, tracked)
+        finally:
+            key = (_route_label(scope.get("path", "")), status["code"])
+            counts = self.server.http_counts
+            counts[key] = counts.get(key, 0) + 1
+
+
+def _route_label(path: str) -> str:
+    """The ``path`` label for /metrics: a known route, else ``other`` (bounded cardinality)."""
+    if path in ROUTES:
+        return path
+    if path.startswith("/v1/models/") and path.count("/") == 3:
+        return "/v1/models/{name}"
+    return "other"
+
+
 def create_app(
-    llm: LLM, *, model_name: str = "jaxcore", max_tokens_limit: int | None = None
+    llm: LLM,
+    *,
+    model_name: str = "jaxcore",
+    max_tokens_limit: int | None = None,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
 ) -> Any:
     """The FastAPI app serving ``llm`` (starts its scheduler thread)."""
     llm.start()
-    return OpenAIServer(llm, model_name=model_name, max_tokens_limit=max_tokens_limit).app
+    return OpenAIServer(
+        llm,
+        model_name=model_name,
+        max_tokens_limit=max_tokens_limit,
+        max_request_bytes=max_request_bytes,
+    ).app
 
 
 class BackgroundServer:
@@ -487,9 +676,13 @@ def _parser() -> argparse.ArgumentParser:
         prog="jaxcore serve", description="Serve a model over the OpenAI HTTP API."
     )
     p.add_argument(
-        "--model", required=True, help="a .safetensors file or a registry name (tiny, small, base)"
+        "--model",
+        required=True,
+        help="a .safetensors file, registry:NAME@alias, or a demo name (tiny, small, base)",
     )
-    p.add_argument("--tokenizer", default=None, help="tokenizer.json (default: bytes)")
+    p.add_argument(
+        "--tokenizer", default=None, help="tokenizer.json or its folder (default: bytes)"
+    )
     p.add_argument(
         "--config",
         default=None,
@@ -503,7 +696,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--max-len", type=int, default=None, help="positions per slot (prompt + completion)"
     )
+    p.add_argument("--decode-steps", type=int, default=8, help="tokens per device dispatch")
     p.add_argument("--max-tokens-limit", type=int, default=None)
+    p.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES)
     p.add_argument("--queue-size", type=int, default=256)
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--quantize", default=None, choices=["int8"])
@@ -519,16 +714,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     import uvicorn
 
     import jaxcore as jc
-    from inference.engine import EngineConfig
+    from inference.config import ServingConfig
 
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper())
     parallel = None
     if args.tensor > 1 or args.data > 1:
         parallel = jc.ParallelConfig(data=args.data, tensor=args.tensor, fsdp=1)
-    engine = EngineConfig(
+    engine = ServingConfig(
         slots=args.slots,
         max_len=args.max_len,
+        decode_steps=args.decode_steps,
         dtype=args.dtype,
         quantize=args.quantize,
         parallel=parallel,
@@ -548,7 +744,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     log.info("compiling %d prefill buckets and the decode step", len(llm.engine.buckets))
     llm.engine.warmup()
     name = args.served_model_name or str(args.model)
-    app = create_app(llm, model_name=name, max_tokens_limit=args.max_tokens_limit)
+    app = create_app(
+        llm,
+        model_name=name,
+        max_tokens_limit=args.max_tokens_limit,
+        max_request_bytes=args.max_request_bytes,
+    )
     log.info("serving %s on http://%s:%d/v1", name, args.host, args.port)
     try:
         uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level.lower())

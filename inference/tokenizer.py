@@ -1,4 +1,5 @@
-"""Tokenizers for serving: a `tokenizers` JSON file, or raw bytes without any file.
+"""Tokenizers for serving: jaxcore's `load_tokenizer` (a ``tokenizer.json`` path or folder, a
+``tokenizers`` or ``transformers`` object), or raw bytes without any file.
 
 The byte-level fallback maps each UTF-8 byte to its own id (vocabulary 256), which matches
 `TransformerConfig.tiny()` / ``small()``, so a model trained on raw bytes serves as is.
@@ -6,13 +7,12 @@ The byte-level fallback maps each UTF-8 byte to its own id (vocabulary 256), whi
 
 from __future__ import annotations
 
-import logging
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import jaxcore as jc
-
-log = logging.getLogger(__name__)
+from jaxcore.tokenization import Tokenizer as FileTokenizer
 
 
 class Tokenizer(Protocol):
@@ -20,67 +20,62 @@ class Tokenizer(Protocol):
 
     vocab_size: int
     eos_id: int | None
+    chat_template: str | None
 
-    def encode(self, text: str) -> list[int]: ...
+    def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]: ...
 
-    def decode(self, ids: list[int]) -> str: ...
+    def decode(self, ids: Sequence[int]) -> str: ...
 
-    def piece(self, token_id: int) -> str: ...
+    def token_bytes(self, token_id: int) -> bytes: ...
+
+    def apply_chat_template(
+        self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True
+    ) -> str: ...
 
 
 class ByteTokenizer:
-    """UTF-8 bytes as tokens: id ``b`` is byte ``b``; no special tokens."""
+    """UTF-8 bytes as tokens: id ``b`` is byte ``b``; no special tokens, no chat template."""
 
     vocab_size = 256
     eos_id: int | None = None
+    bos_id: int | None = None
+    pad_id: int | None = None
+    chat_template: str | None = None
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, *, add_special_tokens: bool = False) -> list[int]:
         return list(text.encode("utf-8"))
 
-    def decode(self, ids: list[int]) -> str:
+    def decode(self, ids: Sequence[int]) -> str:
         # An incomplete multi-byte character at the end decodes to U+FFFD; streaming holds
         # it back until the rest of the character arrives.
         return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
 
-    def piece(self, token_id: int) -> str:
-        """The token as OpenAI's ``logprobs.tokens`` show it (``bytes:\\xNN`` for non-ASCII)."""
-        return chr(token_id) if token_id < 128 else f"bytes:\\x{token_id:02x}"
+    def token_bytes(self, token_id: int) -> bytes:
+        return bytes([token_id])
+
+    def apply_chat_template(
+        self, messages: Sequence[Mapping[str, Any]], *, add_generation_prompt: bool = True
+    ) -> str:
+        raise jc.ConfigError("the byte-level tokenizer has no chat template.")
 
 
-class HFTokenizer:
-    """A Hugging Face ``tokenizers`` tokenizer loaded from its ``tokenizer.json``."""
-
-    def __init__(self, path: str | Path, *, eos_token: str | None = None):
-        import tokenizers
-
-        self._tok = tokenizers.Tokenizer.from_file(str(path))
-        self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
-        self.eos_id = None
-        for name in (eos_token, "</s>", "<|endoftext|>", "<eos>", "[EOS]"):
-            if name is not None and self._tok.token_to_id(name) is not None:
-                self.eos_id = self._tok.token_to_id(name)
-                break
-
-    def encode(self, text: str) -> list[int]:
-        return self._tok.encode(text, add_special_tokens=False).ids
-
-    def decode(self, ids: list[int]) -> str:
-        return self._tok.decode(list(ids), skip_special_tokens=True)
-
-    def piece(self, token_id: int) -> str:
-        return self._tok.decode([token_id], skip_special_tokens=False)
+def piece(token: bytes) -> str:
+    """A token as OpenAI's ``logprobs.tokens`` show it: its text, or ``bytes:\\xNN...`` when
+    its bytes are not whole UTF-8 characters."""
+    try:
+        return token.decode("utf-8")
+    except UnicodeDecodeError:
+        return "bytes:" + "".join(f"\\x{b:02x}" for b in token)
 
 
-def load_tokenizer(path: str | Path | None = None) -> Tokenizer:
-    """A tokenizer from ``path`` (a ``tokenizer.json`` or a folder holding one), else bytes."""
-    if path is None:
+def load_tokenizer(spec: str | Path | Any | None = None) -> Tokenizer:
+    """``None``: bytes; a ``str``/`Path` (always a path: a ``tokenizer.json`` or its
+    folder), a ``tokenizers``/``transformers`` tokenizer: `jaxcore.load_tokenizer`; an
+    object that already has this interface is used as is."""
+    if spec is None:
         return ByteTokenizer()
-    path = Path(path)
-    if path.is_dir():
-        path = path / "tokenizer.json"
-    if not path.is_file():
-        raise jc.ConfigError(
-            f"tokenizer: {path} does not exist; pass a tokenizers JSON file (tokenizer.json) "
-            "or None for the byte-level tokenizer."
-        )
-    return HFTokenizer(path)
+    if isinstance(spec, str | Path | FileTokenizer):
+        return jc.load_tokenizer(spec)
+    if all(hasattr(spec, a) for a in ("encode", "decode", "token_bytes", "eos_id")):
+        return spec
+    return jc.load_tokenizer(spec)

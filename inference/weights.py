@@ -92,10 +92,47 @@ def load_safetensors(
     )
 
 
-def resolve(
+@dataclasses.dataclass(frozen=True)
+class ResolvedModel:
+    """What a model source resolves to: its config, params and (maybe) its tokenizer."""
+
+    config: TransformerConfig
+    params: dict[str, Any]
+    tokenizer_path: str | None = None
+
+
+def _from_registry(spec: str, config: TransformerConfig | None) -> ResolvedModel:
+    """``registry:NAME@alias``: the experiments registry says where the weights are."""
+    try:
+        from jaxcore import registry
+    except ImportError as e:  # the experiments extra (optuna, sqlalchemy) is missing
+        raise jc.ConfigError(
+            f"model {spec!r}: the model registry needs the experiments extra "
+            f"(pip install 'jaxcore[experiments]'): {e}"
+        ) from e
+    if not hasattr(registry, "resolve"):
+        raise jc.ConfigError(
+            f"model {spec!r}: this jaxcore's registry has no resolve(); it cannot map "
+            "'registry:NAME@alias' to weights yet. Pass the weights file instead."
+        )
+    entry = registry.resolve(spec.removeprefix("registry:"))
+    cfg = config
+    if cfg is None and getattr(entry, "config", None):
+        cfg = TransformerConfig(**entry.config)
+    cfg, params = load_safetensors(entry.weights_path, cfg)
+    tokenizer = getattr(entry, "tokenizer_path", None)
+    return ResolvedModel(cfg, params, None if tokenizer is None else str(tokenizer))
+
+
+def resolve_model(
     source: Any, *, config: TransformerConfig | None = None, seed: int = 0
-) -> tuple[TransformerConfig, dict[str, Any]]:
-    """``(config, params)`` from a registry name, a file path, a `TrainState` or params."""
+) -> ResolvedModel:
+    """The one place a served model's source is interpreted.
+
+    ``source`` is a params dict (with ``config=``), a `TrainState`, a ``.safetensors``
+    file or its folder, ``registry:NAME@alias`` (the experiments registry), or a
+    demo name from `REGISTRY` (a freshly initialised model).
+    """
     if isinstance(source, jc.TrainState):
         source = source.params
     if isinstance(source, dict):
@@ -104,20 +141,36 @@ def resolve(
                 "model: params were passed without config=TransformerConfig(...); the shapes "
                 "alone do not say the rotary base or norm epsilon."
             )
-        return config, source
-    if isinstance(source, str) and source.startswith("registry:"):
-        # A model registered by jaxcore.experiments: weights and config from the store.
-        from jaxcore.experiments.registry import resolve as resolve_registered
-
-        found = resolve_registered(source)
-        return load_safetensors(found.weights_path, config or TransformerConfig(**found.config))
+        return ResolvedModel(config, source)
     if isinstance(source, str | Path):
-        if str(source) in REGISTRY:
-            cfg = config or REGISTRY[str(source)]()
-            log.info("serving a freshly initialised %r model (seed %d)", str(source), seed)
-            return cfg, init_params(cfg, seed)
-        return load_safetensors(source, config)
+        text = str(source)
+        if text.startswith("registry:"):
+            return _from_registry(text, config)
+        if text in REGISTRY:
+            cfg = config or REGISTRY[text]()
+            log.info("serving a freshly initialised %r model (seed %d)", text, seed)
+            return ResolvedModel(cfg, init_params(cfg, seed))
+        path = Path(source)
+        hf_config = path / "config.json"
+        is_hf = path.is_dir() and hf_config.is_file() and not (path / "model.safetensors").is_file()
+        if is_hf and "architectures" in json.loads(hf_config.read_text()):
+            raise jc.ConfigError(
+                f"model: {path} is a Hugging Face model folder; HF directories need "
+                "jaxcore.hf (not available in this build). Convert it to a jaxcore "
+                "safetensors file first."
+            )
+        cfg, params = load_safetensors(path, config)
+        return ResolvedModel(cfg, params)
     raise jc.ConfigError(
-        f"model: got {type(source).__name__}; pass a registry name {sorted(REGISTRY)}, a "
-        ".safetensors path, a jaxcore TrainState, or a params dict with config=."
+        f"model: got {type(source).__name__}; pass a registry name {sorted(REGISTRY)}, "
+        "'registry:NAME@alias', a .safetensors path, a jaxcore TrainState, or a params dict "
+        "with config=."
     )
+
+
+def resolve(
+    source: Any, *, config: TransformerConfig | None = None, seed: int = 0
+) -> tuple[TransformerConfig, dict[str, Any]]:
+    """``(config, params)`` of `resolve_model`."""
+    model = resolve_model(source, config=config, seed=seed)
+    return model.config, model.params

@@ -13,6 +13,12 @@ from jaxcore.models.decoding import (
     prefill,
 )
 from jaxcore.models.loss import lm_loss
+from jaxcore.models.paged_decoding import (
+    PagedKVCache,
+    init_paged_cache,
+    paged_decode_step,
+    paged_extend,
+)
 from jaxcore.models.transformer import (
     Transformer,
     TransformerConfig,
@@ -23,6 +29,7 @@ from jaxcore.models.transformer import (
 __all__ = [
     "CausalDecoder",
     "KVCache",
+    "PagedKVCache",
     "Transformer",
     "TransformerConfig",
     "TransformerDecoder",
@@ -30,9 +37,12 @@ __all__ = [
     "decode_step",
     "decoding_weights",
     "init_cache",
+    "init_paged_cache",
     "insert",
     "lm_loss",
     "matmul_input_absmax",
+    "paged_decode_step",
+    "paged_extend",
     "plain_matmul",
     "prefill",
     "training_flops_per_token",

@@ -62,3 +62,30 @@ def reference_greedy(model_fn, prompt: list[int], steps: int, pad_to: int):
         rows.append(row)
         seq.append(tok)
     return tokens, np.stack(rows)
+
+
+def byte_level_tokenizer(folder: Path, *, chat_template: str | None = None) -> Path:
+    """Write a byte-level BPE ``tokenizer.json`` with no merges (256 ids, one per byte),
+    so it fits `TransformerConfig.tiny()`; plus ``tokenizer_config.json`` with the
+    template. Returns the folder."""
+    import json
+
+    import tokenizers
+    from tokenizers import decoders, models, pre_tokenizers
+
+    # GPT-2's byte -> printable character table, so that id b is byte b.
+    keep = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    shifted = [b for b in range(256) if b not in keep]
+    chars = {b: chr(b) for b in keep} | {b: chr(256 + i) for i, b in enumerate(shifted)}
+    vocab = {chars[b]: b for b in range(256)}
+    assert set(vocab) == set(pre_tokenizers.ByteLevel.alphabet())
+    tok = tokenizers.Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.decoder = decoders.ByteLevel()
+    folder.mkdir(parents=True, exist_ok=True)
+    tok.save(str(folder / "tokenizer.json"))
+    config = {"eos_token": None}
+    if chat_template is not None:
+        config["chat_template"] = chat_template
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return folder

@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from inference import EngineConfig, QueueFullError, RequestError, SamplingParams, Scheduler
+from inference import QueueFullError, RequestError, SamplingParams, Scheduler, ServingConfig
 from inference.batching import run_to_completion
 from inference.engine import SlotEngine
 from inference.tokenizer import ByteTokenizer
@@ -23,7 +23,7 @@ CFG = TransformerConfig.tiny(max_seq_len=128)
 @pytest.fixture(scope="module")
 def engine():
     eng = SlotEngine(
-        CFG, init_params(CFG, seed=1), EngineConfig(slots=8, prefill_buckets=(16, 32, 64))
+        CFG, init_params(CFG, seed=1), ServingConfig(slots=8, prefill_buckets=(16, 32, 64))
     )
     eng.warmup()
     return eng

@@ -8,8 +8,8 @@ import optax
 import pytest
 
 import jaxcore as jc
-from inference import EngineConfig
-from inference.engine import SlotEngine
+from inference import ServingConfig
+from inference.engine import SlotEngine, SlotSettings
 from inference.quantize import weight_bytes
 from jaxcore.models import Transformer, TransformerConfig, lm_loss
 from tests.inference.helpers import stdlib_text
@@ -45,7 +45,7 @@ def _evaluate(engine: SlotEngine, windows):
     """Top-1 predictions and the mean negative log-likelihood over the windows."""
     tops, nll = [], []
     for w in windows:
-        out = engine.prefill(0, w, key=np.zeros(2, np.uint32))
+        out = engine.prefill(0, w, SlotSettings(key=np.zeros(2, np.uint32)))
         tops.append(out.prompt_top_ids[:, 0])
         nll.append(-out.prompt_logprobs)
     return np.concatenate(tops), float(np.mean(np.concatenate(nll)))
@@ -55,12 +55,12 @@ def _evaluate(engine: SlotEngine, windows):
 def test_int8_memory_agreement_and_perplexity(trained):
     params, windows = trained
     buckets = (SEQ,)
-    fp32 = SlotEngine(CFG, params, EngineConfig(slots=1, prefill_buckets=buckets))
-    int8 = SlotEngine(CFG, params, EngineConfig(slots=1, prefill_buckets=buckets, quantize="int8"))
+    fp32 = SlotEngine(CFG, params, ServingConfig(slots=1, prefill_buckets=buckets))
+    int8 = SlotEngine(CFG, params, ServingConfig(slots=1, prefill_buckets=buckets, quantize="int8"))
     smooth = SlotEngine(
         CFG,
         params,
-        EngineConfig(slots=1, prefill_buckets=buckets, quantize="int8-smooth"),
+        ServingConfig(slots=1, prefill_buckets=buckets, quantize="int8-smooth"),
         calibration=[np.asarray(windows[:4])],
     )
     bf16_bytes = fp32.float_bytes // 2

@@ -18,10 +18,11 @@ import numpy as np
 import openai
 import pytest
 
-from inference import LLM, EngineConfig
+from inference import LLM, ServingConfig
 from inference.server import BackgroundServer, create_app
 from inference.weights import build_model, init_params
 from jaxcore.models import TransformerConfig
+from tests.inference.helpers import byte_level_tokenizer
 
 CFG = TransformerConfig.tiny(max_seq_len=64)
 NAME = "tiny-test"
@@ -30,7 +31,7 @@ NAME = "tiny-test"
 @pytest.fixture(scope="module")
 def served():
     params = init_params(CFG, seed=4)
-    llm = LLM(params, config=CFG, engine=EngineConfig(slots=8, prefill_buckets=(16, 64)))
+    llm = LLM(params, config=CFG, engine=ServingConfig(slots=8, prefill_buckets=(16, 64)))
     llm.engine.warmup()
     server = BackgroundServer(create_app(llm, model_name=NAME, max_tokens_limit=48))
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)
@@ -156,8 +157,12 @@ def test_fifty_concurrent_clients_all_succeed(served):
             "temperature",
             "invalid value",
         ),
-        ({"model": NAME, "prompt": "hi", "n": 2}, 400, "n", "only n=1"),
-        ({"model": NAME, "prompt": "hi", "logprobs": 9}, 400, "logprobs", "invalid value"),
+        ({"model": NAME, "prompt": "hi", "n": 17}, 400, "n", "invalid value"),
+        ({"model": NAME, "prompt": "hi", "n": 3, "best_of": 2}, 400, "best_of", "must be >= n"),
+        ({"model": NAME, "prompt": "hi", "logprobs": 21}, 400, "logprobs", "invalid value"),
+        ({"model": NAME, "prompt": "", "max_tokens": 2}, 400, "prompt", "prompt is empty"),
+        ({"model": NAME, "prompt": [1, 999]}, 400, "prompt", "must be integers in [0, 256)"),
+        ({"model": NAME, "prompt": "hi", "frobnicate": 1}, 400, "frobnicate", "unknown"),
         ({"model": "gpt-9", "prompt": "hi"}, 404, "model", "does not exist"),
     ],
 )
@@ -193,11 +198,16 @@ def test_chat_errors_unknown_routes_and_health_after_bad_input(served):
 
 
 @pytest.mark.slow
-def test_cli_serves_a_registry_model(tmp_path):
+def test_cli_serves_a_registry_model_with_a_tokenizer_path(tmp_path):
+    folder = byte_level_tokenizer(tmp_path / "tok")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**os.environ, "XLA_FLAGS": "", "JAX_PLATFORMS": "cpu"}
+    env = {
+        **os.environ,
+        "XLA_FLAGS": "--xla_backend_optimization_level=0",
+        "JAX_PLATFORMS": "cpu",
+    }
     proc = subprocess.Popen(
         [
             sys.executable,
@@ -211,6 +221,8 @@ def test_cli_serves_a_registry_model(tmp_path):
             "16",
             "--slots",
             "2",
+            "--tokenizer",
+            str(folder),
             "--log-level",
             "warning",
         ],
@@ -219,7 +231,7 @@ def test_cli_serves_a_registry_model(tmp_path):
         stderr=subprocess.STDOUT,
     )
     try:
-        deadline = time.time() + 120
+        deadline = time.time() + 400  # the machine may be heavily loaded
         while True:
             try:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
@@ -234,6 +246,8 @@ def test_cli_serves_a_registry_model(tmp_path):
             {"model": "tiny", "prompt": "ab", "max_tokens": 3},
         )
         assert code == 200 and body["usage"]["completion_tokens"] == 3
+        code, body = _post(f"http://127.0.0.1:{port}/tokenize", {"prompt": "h\u00e9"})
+        assert code == 200 and body["tokens"] == list("h\u00e9".encode())
     finally:
         proc.terminate()
         proc.wait(30)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import jaxcore as jc
-from inference import EngineConfig, SamplingParams, Scheduler
+from inference import SamplingParams, Scheduler, ServingConfig
 from inference.batching import run_to_completion
 from inference.engine import SlotEngine
 from inference.tokenizer import ByteTokenizer
@@ -19,12 +19,12 @@ CFG = TransformerConfig.tiny(max_seq_len=64)
 @pytest.mark.slow
 def test_tensor2_data4_equals_one_device():
     params = init_params(CFG, seed=2)
-    config = EngineConfig(slots=8, prefill_buckets=(32,))
+    config = ServingConfig(slots=8, prefill_buckets=(32,))
     single = SlotEngine(CFG, params, config)
     sharded = SlotEngine(
         CFG,
         params,
-        EngineConfig(
+        ServingConfig(
             slots=8, prefill_buckets=(32,), parallel=jc.ParallelConfig(data=4, tensor=2, fsdp=1)
         ),
     )

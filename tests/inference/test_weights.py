@@ -9,18 +9,19 @@ import pytest
 
 import jaxcore as jc
 from inference import (
-    EngineConfig,
     SamplingParams,
     Scheduler,
+    ServingConfig,
     load_tokenizer,
     resolve,
     save_safetensors,
 )
 from inference.batching import run_to_completion
 from inference.engine import SlotEngine
-from inference.tokenizer import ByteTokenizer, HFTokenizer
+from inference.tokenizer import ByteTokenizer
 from inference.weights import init_params, load_safetensors
 from jaxcore.models import Transformer, TransformerConfig
+from jaxcore.tokenization import Tokenizer as FileTokenizer
 
 CFG = TransformerConfig.tiny(max_seq_len=64, rope_theta=5000.0)
 
@@ -58,7 +59,7 @@ def test_tokenizers_bytes_and_json(tmp_path):
     )
     hf.save(str(tmp_path / "tokenizer.json"))
     loaded = load_tokenizer(tmp_path)
-    assert isinstance(loaded, HFTokenizer) and loaded.eos_id == hf.token_to_id("</s>")
+    assert isinstance(loaded, FileTokenizer) and loaded.eos_id == hf.token_to_id("</s>")
     assert loaded.decode(loaded.encode("return x")) == "return x"
     with pytest.raises(jc.ConfigError, match="tokenizer"):
         load_tokenizer(tmp_path / "nope.json")
@@ -81,7 +82,7 @@ def test_greedy_generation_equals_hugging_face_generate():
             ids, attention_mask=torch.ones_like(ids), max_new_tokens=20, do_sample=False
         )
         hf_logits = hf(ids).logits[0].numpy()
-    engine = SlotEngine(CFG, params, EngineConfig(slots=1, prefill_buckets=(16,)))
+    engine = SlotEngine(CFG, params, ServingConfig(slots=1, prefill_buckets=(16,)))
     (ours,) = run_to_completion(
         Scheduler(engine, ByteTokenizer()),
         [(prompt, SamplingParams(max_tokens=20, prompt_logprobs=True))],

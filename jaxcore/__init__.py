@@ -43,6 +43,7 @@ from jaxcore.runtime import ensure_malloc_tuning
 from jaxcore.seeding import process_key, seed_everything
 from jaxcore.sharding import DEFAULT_RULES, constrain, per_device_bytes
 from jaxcore.state import TrainState
+from jaxcore.tokenization import load_tokenizer
 
 __version__ = "0.1.0"
 
@@ -99,6 +100,7 @@ __all__ = [
     "gather",
     "initialize",
     "load_params",
+    "load_tokenizer",
     "measure_matmul_peak",
     "memory_report",
     "models",

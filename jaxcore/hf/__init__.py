@@ -9,8 +9,8 @@
 
 from jaxcore.hf.config import ARCHITECTURES, config_from_hf, config_to_hf, read_config
 from jaxcore.hf.factory import build_model, model_factory
-from jaxcore.hf.load import load, param_shardings
-from jaxcore.hf.save import save
+from jaxcore.hf.reader import load, param_shardings
+from jaxcore.hf.writer import save
 
 __all__ = [
     "ARCHITECTURES",

@@ -17,7 +17,7 @@ import jax
 from flax import nnx
 
 from jaxcore.adapters import ModelAdapter, from_nnx_factory
-from jaxcore.hf.load import load
+from jaxcore.hf.reader import load
 from jaxcore.mesh import ParallelConfig, build_mesh
 from jaxcore.models.transformer import Transformer, TransformerConfig
 

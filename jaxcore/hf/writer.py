@@ -26,7 +26,7 @@ from jax.experimental import multihost_utils
 from jaxcore.errors import ConfigError
 from jaxcore.hf import layout
 from jaxcore.hf.config import config_to_hf
-from jaxcore.hf.load import INDEX_FILE, SINGLE_FILE
+from jaxcore.hf.reader import INDEX_FILE, SINGLE_FILE
 from jaxcore.models.transformer import TransformerConfig
 
 # safetensors' dtype codes for what native parameters hold.

@@ -92,6 +92,11 @@ def load_safetensors(
     )
 
 
+def _is_hf_dir(path: Path) -> bool:
+    config = path / "config.json"
+    return path.is_dir() and config.is_file() and "model_type" in json.loads(config.read_text())
+
+
 def resolve(
     source: Any, *, config: TransformerConfig | None = None, seed: int = 0
 ) -> tuple[TransformerConfig, dict[str, Any]]:
@@ -110,6 +115,10 @@ def resolve(
             cfg = config or REGISTRY[str(source)]()
             log.info("serving a freshly initialised %r model (seed %d)", str(source), seed)
             return cfg, init_params(cfg, seed)
+        if _is_hf_dir(Path(source)):  # config.json with a model_type: a HF checkpoint
+            from jaxcore import hf
+
+            return hf.load(source)
         return load_safetensors(source, config)
     raise jc.ConfigError(
         f"model: got {type(source).__name__}; pass a registry name {sorted(REGISTRY)}, a "

@@ -81,7 +81,11 @@ class CheckpointFiles:
     def _file(self, name: str) -> Any:
         file = self.weight_map[name]
         if file not in self._open:
-            handle = safe_open(str(self.directory / file), framework=self._framework)
+            # pread, not mmap: a strided slice (columns of a row-major tensor) would touch
+            # every page of the tensor and keep it resident until the file is closed.
+            handle = safe_open(
+                str(self.directory / file), framework=self._framework, backend="pread"
+            )
             self._open[file] = handle.__enter__()
         return self._open[file]
 
@@ -131,7 +135,37 @@ def read_slice(
     if not m.stacked:
         return np.ascontiguousarray(one(m.hf_name(), index))
     layers = range(*index[0].indices(size["l"]))
-    return np.stack([one(m.hf_name(i), index[1:]) for i in layers])
+    out = None
+    for j, layer in enumerate(layers):  # filled in place: one layer's slice extra, not 2x
+        part = one(m.hf_name(layer), index[1:])
+        if out is None:
+            out = np.empty((len(layers), *part.shape), part.dtype)
+        out[j] = part
+    return out
+
+
+def _place(
+    m: layout.TensorMap, files: CheckpointFiles, size: dict[str, int], dtype: Any, sharding: Any
+) -> jax.Array:
+    """One parameter as a global array: this process's devices, each slice read once.
+
+    Like `jax.make_array_from_callback`, but devices holding the same slice (replicas)
+    share one read, and each host slice is dropped as soon as it is on its devices, so
+    host memory holds one slice at a time beyond what the devices hold.
+    """
+    shape = tuple(size[c] for c in ("l" * m.stacked) + m.native_dims)
+    placement = sharding.addressable_devices_indices_map(shape)
+    by_index: dict[tuple, list[Any]] = {}
+    for device, index in placement.items():
+        key = tuple(s.indices(n) for s, n in zip(index, shape, strict=True))
+        by_index.setdefault(key, [index]).append(device)
+    on_device = {}
+    for index, *devices in by_index.values():
+        host = read_slice(m, files, index, size, dtype)
+        on_device |= {d: jax.device_put(host, d) for d in devices}
+        del host
+    arrays = [on_device[d] for d in placement]
+    return jax.make_array_from_single_device_arrays(shape, sharding, arrays)
 
 
 def _abstract(cfg: TransformerConfig) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -206,18 +240,7 @@ def load(
             params = {m.native: read_slice(m, files, full[m.native], size, want) for m in maps}
             return cfg, params
         shardings = param_shardings(cfg, plan_or_mesh)
-        params = {}
-        for m in maps:
-            shape = tuple(size[c] for c in ("l" * m.stacked) + m.native_dims)
-            cache: dict[tuple, np.ndarray] = {}  # devices holding the same slice read it once
-
-            def fetch(index, m=m, cache=cache, shape=shape):
-                key = tuple(s.indices(n) for s, n in zip(index, shape, strict=True))
-                if key not in cache:
-                    cache[key] = read_slice(m, files, index, size, want)
-                return cache[key]
-
-            params[m.native] = jax.make_array_from_callback(shape, shardings[m.native], fetch)
+        params = {m.native: _place(m, files, size, want, shardings[m.native]) for m in maps}
         return cfg, params
     finally:
         files.close()

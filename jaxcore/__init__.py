@@ -43,6 +43,7 @@ from jaxcore.runtime import ensure_malloc_tuning
 from jaxcore.seeding import process_key, seed_everything
 from jaxcore.sharding import DEFAULT_RULES, constrain, per_device_bytes
 from jaxcore.state import TrainState
+from jaxcore.text_input import TextSource
 from jaxcore.tokenization import load_tokenizer
 
 __version__ = "0.1.0"
@@ -87,6 +88,7 @@ __all__ = [
     "Preempted",
     "StdlibSource",
     "StepMeter",
+    "TextSource",
     "TrainProgress",
     "TrainState",
     "axes",

@@ -191,7 +191,8 @@ def param_shardings(cfg: TransformerConfig, target: Any) -> dict[str, Any]:
         rules = shd.validate_rules(shd.DEFAULT_RULES, target.axis_names)
         names = shd.name_params(abstract, logical)
         return shd.plan(abstract, names, target, rules, zero=3).params
-    params = getattr(target, "params", None)
+    # A TrainPlan (its .shardings) or a ShardingPlan (.params) for this model.
+    params = getattr(getattr(target, "shardings", target), "params", None)
     if isinstance(params, dict) and set(params) == set(abstract):
         return params
     raise ConfigError(

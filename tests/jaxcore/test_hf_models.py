@@ -107,10 +107,13 @@ def test_sharded_logits_and_three_adamw_steps_match_torch(saved, tmp_path):
     kind, model, directory = saved
     engine = jc.Engine(parallel=jc.ParallelConfig(fsdp=4, tensor=2), zero=3)
     lr = 1e-3
-    state = engine.prepare(
+    plan = engine.plan(
         hf.model_factory(directory, engine), optax.adamw(lr, eps=EPS, weight_decay=0.01)
     )
-    assert state.params["wq"].sharding.spec == engine.state_shardings.params["wq"].spec
+    state = plan.init()
+    assert state.params["wq"].sharding.spec == plan.state_shardings.params["wq"].spec
+    _, loaded = hf.load(directory, plan)  # straight into the plan's layout
+    assert loaded["w_up"].sharding == plan.state_shardings.params["w_up"]
     tokens = H.tokens(4, 12)
     logits = engine.eval_step(_logits_fn)(state, {"tokens": tokens})["logits"]
     np.testing.assert_allclose(np.asarray(logits), H.torch_logits(model, tokens), atol=1e-5)

@@ -92,6 +92,12 @@ def load_safetensors(
     )
 
 
+def _is_hf_dir(path: Path) -> bool:
+    """A Hugging Face checkpoint folder: a config.json that names a model_type."""
+    config = path / "config.json"
+    return path.is_dir() and config.is_file() and "model_type" in json.loads(config.read_text())
+
+
 @dataclasses.dataclass(frozen=True)
 class ResolvedModel:
     """What a model source resolves to: its config, params and (maybe) its tokenizer."""
@@ -151,14 +157,12 @@ def resolve_model(
             log.info("serving a freshly initialised %r model (seed %d)", text, seed)
             return ResolvedModel(cfg, init_params(cfg, seed))
         path = Path(source)
-        hf_config = path / "config.json"
-        is_hf = path.is_dir() and hf_config.is_file() and not (path / "model.safetensors").is_file()
-        if is_hf and "architectures" in json.loads(hf_config.read_text()):
-            raise jc.ConfigError(
-                f"model: {path} is a Hugging Face model folder; HF directories need "
-                "jaxcore.hf (not available in this build). Convert it to a jaxcore "
-                "safetensors file first."
-            )
+        if _is_hf_dir(path):  # config.json with a model_type: a Hugging Face checkpoint
+            from jaxcore import hf
+
+            cfg, params = hf.load(path)
+            tokenizer = path / "tokenizer.json"
+            return ResolvedModel(cfg, params, str(path) if tokenizer.is_file() else None)
         cfg, params = load_safetensors(path, config)
         return ResolvedModel(cfg, params)
     raise jc.ConfigError(

@@ -14,6 +14,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("jaxcore.demo", "train the reference model on the stdlib's source (make demo)"),
     "launch": ("jaxcore.launch", "start N local processes wired together, or print Slurm/TPU"),
     "data": ("data.cli", "build, diff and inspect curated code datasets"),
+    "export": ("jaxcore.hf.export", "write a training checkpoint as a Hugging Face model (--hf)"),
     "serve": ("inference.server", "serve a model over an OpenAI-compatible HTTP API"),
     "train": ("jaxcore.experiments.cli", "run one trial of an experiment config"),
     "experiment": ("jaxcore.experiments.cli", "create, list, describe, pause, resume, kill"),

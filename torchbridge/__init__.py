@@ -19,7 +19,7 @@ from torchbridge.data import DatasetSource, TorchLoader
 from torchbridge.errors import UnsupportedError, UntraceableError
 from torchbridge.module import BoundModule, ModuleSpec, from_torch
 from torchbridge.optim import to_optax
-from torchbridge.sharding import TENSOR_PARALLEL_RULES, tensor_parallel_rules
+from torchbridge.sharding import TENSOR_PARALLEL_RULES, is_conv1d, tensor_parallel_rules
 from torchbridge.weights import load_safetensors, load_state_dict, save_safetensors, state_dict
 
 __all__ = [
@@ -31,6 +31,7 @@ __all__ = [
     "UnsupportedError",
     "UntraceableError",
     "from_torch",
+    "is_conv1d",
     "load_safetensors",
     "load_state_dict",
     "loss",

@@ -26,6 +26,7 @@ import contextlib
 import dataclasses
 import logging
 import threading
+import warnings
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -38,6 +39,13 @@ from torchbridge import _compat
 from torchbridge.errors import UnsupportedError, UntraceableError
 
 log = logging.getLogger(__name__)
+
+EVAL_MODE_WARNING = (
+    "torchbridge: the {name} module is in eval mode (what from_pretrained and .eval() "
+    "leave), so training steps would run with dropout off and BatchNorm statistics frozen. "
+    "Call module.train() first, or pass train=True to train it in train mode (train=False "
+    "keeps eval mode and silences this warning)."
+)
 
 # JAX errors that mean "this value was needed on the host while tracing".
 _DATA_DEPENDENT = (
@@ -272,10 +280,12 @@ def _module_stack(root: Any) -> Iterator[list[str]]:
 
 
 @contextlib.contextmanager
-def _mode(root: Any, train: bool) -> Iterator[None]:
+def _mode(root: Any, train: bool, force: bool = False) -> Iterator[None]:
     flags = [(m, m.training) for m in root.modules()]
     if not train:
         root.eval()
+    elif force:  # train=True given to from_torch: every submodule in train mode
+        root.train()
     try:
         yield
     finally:
@@ -381,12 +391,12 @@ class BoundModule:
             (args, kwargs),
         )
         targs, tkwargs = env.j2t_iso((args, kwargs))
-        train = root.training and rng is not None
+        train = (root.training if bridge.train is None else bridge.train) and rng is not None
         fastpath = torch.backends.mha.get_fastpath_enabled()
         _failure.op = None
         with (
             bridge.lock,
-            _mode(root, train),
+            _mode(root, train, force=bridge.train is True),
             _keyed(env, rng),
             _module_stack(root) as stack,
         ):
@@ -418,14 +428,17 @@ class BoundModule:
 class TorchModel:
     """A torch module prepared for the engine: its spec, torchax environment and arrays."""
 
-    def __init__(self, module: Any):
+    def __init__(self, module: Any, train: bool | None = None):
         import torch
 
         if not isinstance(module, torch.nn.Module):
             raise jc.ConfigError(
                 f"from_torch(module): got {type(module).__name__}; pass a torch.nn.Module."
             )
+        if train is None and not module.training:
+            warnings.warn(EVAL_MODE_WARNING.format(name=type(module).__name__), stacklevel=4)
         self.module = module
+        self.train = train
         self.env = environment()
         self.spec = ModuleSpec.of(module)
         self.lock = threading.RLock()
@@ -476,13 +489,16 @@ class TorchModel:
 _REGISTRY: dict[Any, ModuleSpec] = {}
 
 
-def from_torch(module: Any) -> jc.ModelAdapter:
+def from_torch(module: Any, *, train: bool | None = None) -> jc.ModelAdapter:
     """Turn a ``torch.nn.Module`` into a `jaxcore.ModelAdapter` (see the module docstring).
 
     The module's parameter values become the initial parameters (torch initialised
-    them); the engine places them in their shards.
+    them); the engine places them in their shards. ``train``: ``None`` follows the
+    module's own mode (and warns when it is in eval mode, as after ``from_pretrained``);
+    ``True`` runs training steps in train mode (dropout on, BatchNorm updating) whatever
+    the module's flags; ``False`` keeps eval mode on purpose, silently.
     """
-    model = TorchModel(module)
+    model = TorchModel(module, train=train)
     adapter = model.adapter()
     _REGISTRY[jax.tree.structure(model.initial[0])] = model.spec
     return adapter

@@ -16,8 +16,9 @@ AdamW      ``scale_by_adam``, ``add_decayed_weights(wd)`` (decoupled), ``scale(-
 =========  ==============================================================================
 
 Learning rates (and, for OneCycleLR, the momentum / ``beta1``) are injected per step with
-``optax.inject_hyperparams``. A scheduler is read as stepped once per optimizer step
-(``scheduler.step()`` after each ``optimizer.step()``), the usual per-iteration form;
+``optax.inject_hyperparams``. ``LambdaLR`` (what transformers' ``get_*_schedule_with_warmup``
+return) is evaluated ahead into a per-step table. A scheduler is read as stepped once per
+optimizer step (``scheduler.step()`` after each ``optimizer.step()``), the usual form;
 its closed form below matches torch's recursive one. Parameter groups map to
 ``optax.multi_transform`` labels by parameter identity.
 """
@@ -54,7 +55,54 @@ _IGNORED = {
 
 
 # ----------------------------------------------------------------------------- schedulers
-def schedule_of(scheduler: Any, group: int) -> tuple[Schedule, Schedule | None]:
+def _lambda_steps(fn: Callable[[int], float], steps: int | None) -> int:
+    """How many steps of a LambdaLR lambda to tabulate.
+
+    transformers' ``get_*_schedule_with_warmup`` return ``functools.partial`` objects whose
+    keywords say the horizon: ``num_training_steps`` (the schedule ends there) or, for the
+    constant-after-warmup ones, only ``num_warmup_steps`` (constant from there on).
+    """
+    if steps is not None:
+        return int(steps)
+    keywords = getattr(fn, "keywords", None) or {}
+    if "num_training_steps" in keywords:
+        return int(keywords["num_training_steps"]) + 1
+    if set(keywords) == {"num_warmup_steps"}:
+        return int(keywords["num_warmup_steps"]) + 1
+    raise UnsupportedError(
+        f"torchbridge: LambdaLR's lambda {getattr(fn, '__name__', fn)!r} cannot be evaluated "
+        "ahead: its number of steps is unknown. Pass schedule_steps=N (the optimizer steps "
+        "you will run) to torchbridge.prepare / to_optax; the lambda is then evaluated for "
+        "steps 0..N-1 into a table (steps after N keep the last value)."
+    )
+
+
+def _lambda_lr(scheduler: Any, group: int, offset: int, steps: int | None) -> Schedule:
+    """torch's LambdaLR (``base_lr * lambda(step)``) as a table evaluated ahead.
+
+    The lambda is ordinary Python (``if step < warmup:``, ``math.cos``), which JAX cannot
+    trace on a step counter; evaluating it on the host for every step it will see keeps
+    torch's values (rounded to float32, the update's precision).
+    """
+    fn = scheduler.lr_lambdas[group]
+    count = _lambda_steps(fn, steps)
+    base = float(scheduler.base_lrs[group])
+    values = []
+    for n in range(offset, offset + count):
+        try:
+            values.append(base * float(fn(n)))
+        except Exception as e:
+            raise UnsupportedError(
+                f"torchbridge: LambdaLR's lambda raised {type(e).__name__}: {e} when evaluated "
+                f"ahead at step {n}; it must be a pure function of the step number."
+            ) from e
+    table = jnp.asarray(values, jnp.float32)
+    return lambda n: table[jnp.minimum(n, count - 1)]
+
+
+def schedule_of(
+    scheduler: Any, group: int, *, schedule_steps: int | None = None
+) -> tuple[Schedule, Schedule | None]:
     """``(lr(count), beta1_or_momentum(count) or None)`` for one parameter group."""
     from torch.optim import lr_scheduler as S
 
@@ -77,9 +125,11 @@ def schedule_of(scheduler: Any, group: int) -> tuple[Schedule, Schedule | None]:
         ), None
     if isinstance(scheduler, S.OneCycleLR):
         return _one_cycle(scheduler, group, offset)
+    if type(scheduler) is S.LambdaLR:
+        return _lambda_lr(scheduler, group, offset, schedule_steps), None
     raise UnsupportedError(
         f"torchbridge: LR scheduler {kind} is not supported; use StepLR, CosineAnnealingLR, "
-        "LinearLR or OneCycleLR, or pass an optax schedule yourself."
+        "LinearLR, OneCycleLR or LambdaLR, or pass an optax schedule yourself."
     )
 
 
@@ -200,12 +250,18 @@ def _group_transform(
 
 
 def to_optax(
-    optimizer: Any, module: Any, scheduler: Any | None = None
+    optimizer: Any,
+    module: Any,
+    scheduler: Any | None = None,
+    *,
+    schedule_steps: int | None = None,
 ) -> optax.GradientTransformation:
     """The optax transformation with the same update as ``optimizer`` (and ``scheduler``).
 
     ``module`` is the torch module whose parameters the optimizer holds; it maps each
-    parameter group onto the bridged parameter tree.
+    parameter group (its own lr, weight decay, betas) onto the bridged parameter tree
+    through ``optax.multi_transform``. ``schedule_steps`` is how many steps a
+    ``LambdaLR`` lambda is evaluated for when its horizon cannot be read from it.
     """
     import torch
 
@@ -229,7 +285,7 @@ def to_optax(
             labels[by_id[id(p)]] = f"group{i}"
         lr, beta = (float(group["lr"]), None)
         if scheduler is not None:
-            lr, beta = schedule_of(scheduler, i)
+            lr, beta = schedule_of(scheduler, i, schedule_steps=schedule_steps)
         transforms[f"group{i}"] = _group_transform(optimizer, group, lr, beta)
     # Trainable parameters no group holds are not updated (torch would not touch them).
     transforms["frozen"] = optax.set_to_zero()

@@ -113,10 +113,12 @@ def init_cache(
 
 def _project_qkv(cfg, p, x, cos, sin, matmul):
     h = rms_norm(x, p["attn_norm"], cfg.norm_eps)
-    q = apply_rope(matmul("btd,dhk->bthk", h, p["wq"], "wq"), cos, sin)
-    k = apply_rope(matmul("btd,dhk->bthk", h, p["wk"], "wk"), cos, sin)
+    q = matmul("btd,dhk->bthk", h, p["wq"], "wq")
+    k = matmul("btd,dhk->bthk", h, p["wk"], "wk")
     v = matmul("btd,dhk->bthk", h, p["wv"], "wv")
-    return q, k, v
+    if cfg.qkv_bias:  # Qwen2's q/k/v biases, added before the rotation as in training
+        q, k, v = q + p["bq"], k + p["bk"], v + p["bv"]
+    return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
 
 def _finish_block(cfg, p, x, attn, matmul):
@@ -148,7 +150,8 @@ def block_prefill(
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
     """One block over a whole prompt: ``(x_out, k, v)`` with heads-first ``k, v``."""
     q, k, v = _project_qkv(cfg, p, x, cos, sin, matmul)
-    attn = _attend(q, k, v, is_causal=True)
+    window = None if cfg.sliding_window is None else (cfg.sliding_window - 1, 0)
+    attn = _attend(q, k, v, is_causal=True, local_window_size=window)
     return _finish_block(cfg, p, x, attn, matmul), k.swapaxes(1, 2), v.swapaxes(1, 2)
 
 
@@ -174,7 +177,7 @@ def prefill(
     """
     batch, length = tokens.shape
     positions = jnp.broadcast_to(jnp.arange(length), tokens.shape)
-    cos, sin = rope_tables(positions, cfg.head_size, cfg.rope_theta)
+    cos, sin = rope_tables(positions, cfg.head_size, cfg.rope_theta, cfg.rope_scaling)
     x = embed_tokens(weights["embed"], tokens)
 
     def body(x, p):
@@ -205,10 +208,15 @@ def decode_step(
     pos = cache.lengths
     if active is None:
         active = jnp.ones((batch,), bool)
-    cos, sin = rope_tables(pos[:, None], cfg.head_size, cfg.rope_theta)
+    cos, sin = rope_tables(pos[:, None], cfg.head_size, cfg.rope_theta, cfg.rope_scaling)
     x = embed_tokens(weights["embed"], tokens[:, None])
     kv_len = jnp.minimum(pos + 1, max_len)
     rows = jnp.arange(batch)
+    window_mask = None  # Mistral's sliding window: keys after pos - window only
+    if cfg.sliding_window is not None:
+        window_mask = (jnp.arange(max_len)[None, :] > pos[:, None] - cfg.sliding_window)[
+            :, None, None, :
+        ]
 
     def body(carry, layer):
         x, k_all, v_all = carry
@@ -220,7 +228,7 @@ def decode_step(
         v_all = v_all.at[index, rows, :, pos, :].set(v[:, 0].astype(v_all.dtype), mode="drop")
         k_l = k_all[index].swapaxes(1, 2).astype(q.dtype)
         v_l = v_all[index].swapaxes(1, 2).astype(q.dtype)
-        attn = _attend(q, k_l, v_l, key_value_seq_lengths=kv_len)
+        attn = _attend(q, k_l, v_l, key_value_seq_lengths=kv_len, mask=window_mask)
         return (_finish_block(cfg, p, x, attn, matmul), k_all, v_all), None
 
     layers = jnp.arange(cfg.n_layers)
@@ -254,7 +262,7 @@ def matmul_input_absmax(
     Activation-aware quantization (SmoothQuant) calibrates its scales on these.
     """
     positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
-    cos, sin = rope_tables(positions, cfg.head_size, cfg.rope_theta)
+    cos, sin = rope_tables(positions, cfg.head_size, cfg.rope_theta, cfg.rope_scaling)
 
     def recorder(stats):
         def matmul(equation, x, w, name):

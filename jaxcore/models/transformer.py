@@ -26,6 +26,38 @@ from jaxcore.remat import checkpoint_block
 from jaxcore.sharding import constrain
 
 ACT = (axes.BATCH, axes.LENGTH, axes.EMBED)
+ROPE_KINDS = ("linear", "llama3")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RopeScaling:
+    """Rotary frequency scaling for long contexts, as Hugging Face's ``rope_parameters``.
+
+    ``kind="linear"`` divides every frequency by ``factor`` (position interpolation);
+    ``kind="llama3"`` divides only the low frequencies (wavelengths above
+    ``original_max_position_embeddings / low_freq_factor``) and blends the band between
+    the two cut-offs (Llama 3.1's ``rope_type: llama3``).
+    """
+
+    kind: str
+    factor: float
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int = 8192
+
+    def __post_init__(self) -> None:
+        if self.kind not in ROPE_KINDS:
+            raise ConfigError(
+                f"RopeScaling.kind={self.kind!r} is not supported; use one of {ROPE_KINDS} "
+                "(or rope_scaling=None for plain RoPE)."
+            )
+        if self.factor <= 0:
+            raise ConfigError(f"RopeScaling.factor={self.factor} must be > 0.")
+        if self.kind == "llama3" and self.high_freq_factor <= self.low_freq_factor:
+            raise ConfigError(
+                f"RopeScaling: high_freq_factor={self.high_freq_factor} must be greater than "
+                f"low_freq_factor={self.low_freq_factor} (llama3 scaling)."
+            )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -45,6 +77,11 @@ class TransformerConfig:
         norm_eps: RMSNorm epsilon.
         tie_embeddings: reuse the token embedding as the output projection.
         init_std: standard deviation of the normal weight init.
+        qkv_bias: add learned biases to the query/key/value projections (Qwen2).
+        rope_scaling: long-context frequency scaling (`RopeScaling`, or its fields as a
+            dict), ``None`` for plain RoPE.
+        sliding_window: each position attends to at most this many positions, itself
+            included (Mistral); ``None`` attends to the whole prefix.
     """
 
     vocab_size: int = 256
@@ -59,8 +96,18 @@ class TransformerConfig:
     norm_eps: float = 1e-5
     tie_embeddings: bool = False
     init_std: float = 0.02
+    qkv_bias: bool = False
+    rope_scaling: RopeScaling | None = None
+    sliding_window: int | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.rope_scaling, dict):  # from JSON (dataclasses.asdict round trip)
+            object.__setattr__(self, "rope_scaling", RopeScaling(**self.rope_scaling))
+        if self.sliding_window is not None and self.sliding_window < 1:
+            raise ConfigError(
+                f"TransformerConfig.sliding_window={self.sliding_window} must be >= 1 "
+                "(or None for full causal attention)."
+            )
         for name in (
             "vocab_size",
             "d_model",
@@ -88,8 +135,15 @@ class TransformerConfig:
     @property
     def dims(self) -> tuple[int, int, int, int, int, int, int]:
         """``(layers, d_model, heads, kv_heads, head_dim, d_ff, vocab)``."""
-        return (self.n_layers, self.d_model, self.n_heads, self.n_kv_heads, self.head_size,
-                self.d_ff, self.vocab_size)
+        return (
+            self.n_layers,
+            self.d_model,
+            self.n_heads,
+            self.n_kv_heads,
+            self.head_size,
+            self.d_ff,
+            self.vocab_size,
+        )
 
     @property
     def head_size(self) -> int:
@@ -147,9 +201,35 @@ def rms_norm(x: jax.Array, scale: jax.Array, eps: float) -> jax.Array:
     return (y * scale.astype(jnp.float32)).astype(x.dtype)
 
 
-def rope_tables(positions: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
-    """cos/sin tables of shape ``positions.shape + (head_dim // 2,)``."""
+def rope_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None = None) -> jax.Array:
+    """Inverse rotary frequencies ``(head_dim // 2,)`` in float32, scaled as ``scaling`` says.
+
+    The llama3 branch follows the formula of Hugging Face's ``_compute_llama3_parameters``
+    (Llama 3.1's reference code) so converted checkpoints see the same angles.
+    """
     inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+    if scaling is None:
+        return inv_freq
+    if scaling.kind == "linear":
+        return inv_freq / scaling.factor
+    old_len = scaling.original_max_position_embeddings
+    low_wavelen = old_len / scaling.low_freq_factor
+    high_wavelen = old_len / scaling.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = jnp.where(wavelen > low_wavelen, inv_freq / scaling.factor, inv_freq)
+    smooth = (old_len / wavelen - scaling.low_freq_factor) / (
+        scaling.high_freq_factor - scaling.low_freq_factor
+    )
+    blended = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return jnp.where(medium, blended, scaled)
+
+
+def rope_tables(
+    positions: jax.Array, head_dim: int, theta: float, scaling: RopeScaling | None = None
+) -> tuple[jax.Array, jax.Array]:
+    """cos/sin tables of shape ``positions.shape + (head_dim // 2,)``."""
+    inv_freq = rope_frequencies(head_dim, theta, scaling)
     angles = positions.astype(jnp.float32)[..., None] * inv_freq.reshape(
         (1,) * positions.ndim + (-1,)
     )
@@ -164,7 +244,16 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     return jnp.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1).astype(x.dtype)
 
 
-def _heads_first_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+def causal_mask(t: int, window: int | None = None) -> jax.Array:
+    """``(t, t)`` bool: query ``i`` sees key ``j <= i``, and ``j > i - window`` if windowed."""
+    i, j = jnp.arange(t)[:, None], jnp.arange(t)[None, :]
+    mask = j <= i
+    return mask if window is None else mask & (j > i - window)
+
+
+def _heads_first_attention(
+    q: jax.Array, k: jax.Array, v: jax.Array, window: int | None = None
+) -> jax.Array:
     """Causal GQA with heads-first batched matmuls (softmax in float32).
 
     XLA's CPU backend runs ``dot_product_attention``'s ``(batch, length, heads, dim)``
@@ -176,25 +265,33 @@ def _heads_first_attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Arra
     kv = k.shape[2]
     qh = q.reshape(b, t, kv, n // kv, d).transpose(0, 2, 3, 1, 4)
     kh, vh = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
-    scores = jnp.einsum("bkgtd,bksd->bkgts", qh, kh).astype(jnp.float32) / jnp.sqrt(
-        jnp.float32(d)
-    )
-    causal = jnp.tril(jnp.ones((t, t), bool))
+    scores = jnp.einsum("bkgtd,bksd->bkgts", qh, kh).astype(jnp.float32) / jnp.sqrt(jnp.float32(d))
+    causal = causal_mask(t, window)
     weights = jax.nn.softmax(jnp.where(causal, scores, -jnp.inf), axis=-1).astype(v.dtype)
     out = jnp.einsum("bkgts,bksd->bkgtd", weights, vh)
     return out.transpose(0, 3, 1, 2, 4).reshape(b, t, n, d)
 
 
-def attention(q: jax.Array, k: jax.Array, v: jax.Array) -> jax.Array:
+def attention(q: jax.Array, k: jax.Array, v: jax.Array, window: int | None = None) -> jax.Array:
     """Causal grouped-query attention on ``(batch, length, heads, head_dim)`` arrays.
+
+    ``window`` limits each query to the last ``window`` keys, itself included (Mistral's
+    sliding window, Hugging Face's ``kv_idx > q_idx - sliding_window``).
 
     On accelerators it goes through ``jax.nn.dot_product_attention`` so the backend can
     use its fused kernel; on CPU a heads-first formulation is faster (and XLA's CPU
     backend has no float16 x float16 -> float32 dot that the fused path would ask for).
     """
     if jax.devices()[0].platform == "cpu":
-        return _heads_first_attention(q, k, v)
-    return jax.nn.dot_product_attention(q, k, v, is_causal=True)
+        return _heads_first_attention(q, k, v, window)
+    local = None if window is None else (window - 1, 0)
+    return jax.nn.dot_product_attention(q, k, v, is_causal=True, local_window_size=local)
+
+
+_BIAS_AXES = {
+    axes.HEADS: (axes.LAYERS, axes.HEADS, axes.HEAD_DIM),
+    axes.KV_HEADS: (axes.LAYERS, axes.KV_HEADS, axes.HEAD_DIM),
+}
 
 
 class Transformer(nnx.Module):
@@ -219,6 +316,10 @@ class Transformer(nnx.Module):
         self.wo = _param(
             rngs, (L, H, Dh, D), (axes.LAYERS, axes.HEADS, axes.HEAD_DIM, axes.EMBED), out_std
         )
+        if cfg.qkv_bias:
+            self.bq = nnx.Param(jnp.zeros((L, H, Dh)), logical_axes=_BIAS_AXES[axes.HEADS])
+            self.bk = nnx.Param(jnp.zeros((L, K, Dh)), logical_axes=_BIAS_AXES[axes.KV_HEADS])
+            self.bv = nnx.Param(jnp.zeros((L, K, Dh)), logical_axes=_BIAS_AXES[axes.KV_HEADS])
         self.mlp_norm = nnx.Param(jnp.ones((L, D)), logical_axes=(axes.LAYERS, axes.EMBED))
         self.w_gate = _param(rngs, (L, D, F), (axes.LAYERS, axes.EMBED, axes.MLP), std)
         self.w_up = _param(rngs, (L, D, F), (axes.LAYERS, axes.EMBED, axes.MLP), std)
@@ -230,6 +331,8 @@ class Transformer(nnx.Module):
     def block_params(self) -> dict[str, jax.Array]:
         """The stacked per-layer weights (each with a leading ``layers`` axis)."""
         names = ("attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "w_gate", "w_up", "w_down")
+        if self.cfg.qkv_bias:
+            names += ("bq", "bk", "bv")
         return {n: getattr(self, n)[...] for n in names}
 
     def block(
@@ -252,9 +355,11 @@ class Transformer(nnx.Module):
         q = (h @ p["wq"].reshape(d, n * hd)).reshape(b, t, n, hd)
         k = (h @ p["wk"].reshape(d, kv * hd)).reshape(b, t, kv, hd)
         v = (h @ p["wv"].reshape(d, kv * hd)).reshape(b, t, kv, hd)
+        if cfg.qkv_bias:
+            q, k, v = q + p["bq"], k + p["bk"], v + p["bv"]
         q = constrain(apply_rope(q, cos, sin), (axes.BATCH, axes.LENGTH, axes.HEADS, None))
         k = apply_rope(k, cos, sin)
-        attn = attention(q, k, v).reshape(b * t, n * hd)
+        attn = attention(q, k, v, cfg.sliding_window).reshape(b * t, n * hd)
         x = x + (attn @ p["wo"].reshape(n * hd, d)).reshape(b, t, d)
         x = constrain(x, ACT)
         h = constrain(rms_norm(x, p["mlp_norm"], cfg.norm_eps).reshape(b * t, d), rows)
@@ -267,7 +372,7 @@ class Transformer(nnx.Module):
         cfg = self.cfg
         if positions is None:
             positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
-        cos, sin = rope_tables(positions, cfg.head_size, cfg.rope_theta)
+        cos, sin = rope_tables(positions, cfg.head_size, cfg.rope_theta, cfg.rope_scaling)
         # Gather the table's embed dimension first (the ZeRO-3 all-gather): a lookup from a
         # table sharded on embed would come out sharded on embed, not on the batch.
         embed = constrain(self.embed[...], (axes.VOCAB, None))
@@ -290,6 +395,8 @@ def count_params(cfg: TransformerConfig) -> int:
     """Number of parameters of a `Transformer` with config ``cfg``."""
     L, D, H, K, Dh, F, V = cfg.dims
     per_layer = 2 * D + D * H * Dh + 2 * D * K * Dh + H * Dh * D + 3 * D * F
+    if cfg.qkv_bias:
+        per_layer += (H + 2 * K) * Dh
     return V * D + L * per_layer + D + (0 if cfg.tie_embeddings else D * V)
 
 

@@ -1,0 +1,147 @@
+"""Write native parameters as a Hugging Face checkpoint: safetensors + ``config.json``.
+
+The output is what ``save_pretrained`` writes for the same model (tensor names, the
+``(out, in)`` layouts, ``{"format": "pt"}`` metadata, shards over ``max_shard_bytes`` with
+``model.safetensors.index.json``), so ``transformers.AutoModelForCausalLM.from_pretrained``
+loads it. Files are streamed: the header is computed from the shapes first, then each
+parameter is gathered to the host (every process joins the gather of a sharded array;
+process 0 writes) and its layers written one by one, so host memory peaks at one
+parameter, never the model.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import pathlib
+import struct
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.experimental import multihost_utils
+
+from jaxcore.errors import ConfigError
+from jaxcore.hf import layout
+from jaxcore.hf.config import config_to_hf
+from jaxcore.hf.reader import INDEX_FILE, SINGLE_FILE
+from jaxcore.models.transformer import TransformerConfig
+
+# safetensors' dtype codes for what native parameters hold.
+_CODES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16", "float64": "F64"}
+DEFAULT_SHARD_BYTES = 5 * 2**30  # save_pretrained's default max_shard_size ("5GB")
+
+
+def _host(x: Any) -> np.ndarray:
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        x = multihost_utils.process_allgather(x, tiled=True)
+    return np.asarray(jax.device_get(x))
+
+
+def _entries(cfg: TransformerConfig) -> list[tuple[str, layout.TensorMap, int | None]]:
+    out = []
+    for m in layout.tensor_maps(cfg):
+        layers = range(cfg.n_layers) if m.stacked else [None]
+        out += [(m.hf_name(i), m, i) for i in layers]
+    return out
+
+
+def _header(names: list[str], shapes: dict, dtypes: dict) -> tuple[bytes, dict[str, tuple]]:
+    table: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offset, spans = 0, {}
+    for name in names:
+        n = math.prod(shapes[name]) * np.dtype(dtypes[name]).itemsize
+        table[name] = {
+            "dtype": _CODES[np.dtype(dtypes[name]).name],
+            "shape": list(shapes[name]),
+            "data_offsets": [offset, offset + n],
+        }
+        spans[name] = (offset, offset + n)
+        offset += n
+    raw = json.dumps(table, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)  # the data section starts 8-byte aligned
+    return struct.pack("<Q", len(raw)) + raw, spans
+
+
+def save(
+    params: dict[str, Any],
+    config: TransformerConfig,
+    directory: str | os.PathLike,
+    *,
+    dtype: Any = None,
+    max_shard_bytes: int = DEFAULT_SHARD_BYTES,
+) -> pathlib.Path:
+    """Write ``params`` (a `Transformer`'s, host or sharded) as a HF model directory.
+
+    ``dtype`` converts every tensor (e.g. ``"bfloat16"``); by default each keeps its own.
+    Returns the directory. Every process must call it (sharded arrays are gathered).
+    """
+    directory = pathlib.Path(directory)
+    size = layout.sizes(config)
+    maps = {m.native: m for m in layout.tensor_maps(config)}
+    unknown, missing = sorted(set(params) - set(maps)), sorted(set(maps) - set(params))
+    if unknown or missing:
+        raise ConfigError(
+            f"jaxcore.hf.save: params do not match the config: missing {missing}, unknown "
+            f"{unknown}. Pass TrainState.params of a Transformer built with this config."
+        )
+    out_dtype = {
+        k: np.dtype(jnp.dtype(dtype if dtype is not None else v.dtype)) for k, v in params.items()
+    }
+    entries = _entries(config)
+    shapes = {name: layout.hf_shape(m, size) for name, m, _ in entries}
+    dtypes = {name: out_dtype[m.native] for name, m, _ in entries}
+    for name, d in dtypes.items():
+        if d.name not in _CODES:
+            raise ConfigError(f"jaxcore.hf.save: {name} has dtype {d}; use one of {list(_CODES)}.")
+
+    # Split into files of at most max_shard_bytes (a tensor never straddles two).
+    files: list[list[str]] = [[]]
+    used = 0
+    for name, _, _ in entries:
+        n = math.prod(shapes[name]) * dtypes[name].itemsize
+        if files[-1] and used + n > max_shard_bytes:
+            files.append([])
+            used = 0
+        files[-1].append(name)
+        used += n
+    if len(files) == 1:
+        file_names = [SINGLE_FILE]
+    else:
+        file_names = [
+            f"model-{i + 1:05d}-of-{len(files):05d}.safetensors" for i in range(len(files))
+        ]
+    where = {name: file_names[i] for i, names in enumerate(files) for name in names}
+    by_name = {name: (m, layer) for name, m, layer in entries}
+
+    writer = jax.process_index() == 0
+    if writer:
+        directory.mkdir(parents=True, exist_ok=True)
+    cached: tuple[str, np.ndarray] | None = None
+    for file_name, names in zip(file_names, files, strict=True):
+        header, _ = _header(names, shapes, dtypes)
+        handle = open(directory / file_name, "wb") if writer else None  # noqa: SIM115
+        try:
+            if handle:
+                handle.write(header)
+            for name in names:
+                m, layer = by_name[name]
+                if cached is None or cached[0] != m.native:
+                    cached = (m.native, _host(params[m.native]))  # one parameter at a time
+                native = cached[1] if layer is None else cached[1][layer]
+                if handle:
+                    handle.write(layout.to_hf(m, native.astype(dtypes[name]), size).tobytes())
+        finally:
+            if handle:
+                handle.close()
+    if writer:
+        if len(file_names) > 1:
+            total = sum(math.prod(shapes[n]) * dtypes[n].itemsize for n in shapes)
+            index = {"metadata": {"total_size": total}, "weight_map": where}
+            (directory / INDEX_FILE).write_text(json.dumps(index, indent=2))
+        kinds = {d.name for d in dtypes.values()}
+        hf_config = config_to_hf(config, dtype=kinds.pop() if len(kinds) == 1 else "float32")
+        (directory / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
+    return directory

@@ -1,0 +1,76 @@
+"""Text documents as token sources for `jc.Loader`, through a Hugging Face tokenizer.
+
+`TextSource(texts, tokenizer)` is a random-access Grain source: element ``i`` is the
+token ids of ``texts[i]`` (a string, or a dict with a ``"text"`` field), tokenized on
+access with `jaxcore.load_tokenizer`'s tokenizer (a ``tokenizer.json``, a HF model folder,
+a ``tokenizers.Tokenizer`` or a ``transformers`` fast tokenizer). Packing needs each
+document's length: they are computed once, up front, by tokenizing in batches
+(``encode_batch`` runs on all cores). Pass ``InputConfig(eos_id=tok.eos_id)`` to separate
+packed documents with the model's end-of-text token, as its pre-training did.
+
+    tok = jc.load_tokenizer("path/to/hf_dir")
+    loader = jc.Loader(jc.TextSource(texts, tok), jc.InputConfig(global_batch_size=8,
+                       seq_len=512, eos_id=tok.eos_id), engine.batch_sharding)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from jaxcore.errors import ConfigError
+from jaxcore.tokenization import Tokenizer, load_tokenizer
+
+
+def _text_of(element: Any, index: int) -> str:
+    if isinstance(element, dict):
+        element = element.get("text")
+    if not isinstance(element, str):
+        raise ConfigError(
+            f"TextSource: element {index} is {type(element).__name__}; each document must be "
+            "a str or a dict with a 'text' str."
+        )
+    return element
+
+
+class TextSource:
+    """Random-access token documents from texts and a tokenizer (see the module docstring).
+
+    Attributes:
+        lengths: tokens per document (what packing uses to cut rows without a pass).
+    """
+
+    def __init__(
+        self,
+        texts: Sequence[Any],
+        tokenizer: Tokenizer | Any,
+        *,
+        add_special_tokens: bool = False,
+        batch_size: int = 256,
+    ):
+        self.texts = texts
+        self.tokenizer = load_tokenizer(tokenizer)
+        self.add_special_tokens = add_special_tokens
+        lengths = []
+        for start in range(0, len(texts), batch_size):
+            chunk = [
+                _text_of(texts[i], i) for i in range(start, min(start + batch_size, len(texts)))
+            ]
+            encoded = self.tokenizer.backend.encode_batch(
+                chunk, add_special_tokens=add_special_tokens
+            )
+            lengths += [len(e.ids) for e in encoded]
+        self.lengths = np.asarray(lengths, np.int64)
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def __getitem__(self, index: int) -> np.ndarray:
+        text = _text_of(self.texts[index], index)
+        ids = self.tokenizer.encode(text, add_special_tokens=self.add_special_tokens)
+        return np.asarray(ids, np.int32)
+
+    def __repr__(self) -> str:
+        return f"TextSource({len(self.texts)} documents, tokenizer={self.tokenizer.source})"

@@ -23,7 +23,7 @@ from jaxcore.distributed import ClusterSettings, CoordinatorTimeoutError, detect
 from jaxcore.engine import Engine, EngineConfig
 from jaxcore.errors import BatchError, ConfigError, JaxcoreError
 from jaxcore.gather import EvalGatherer, gather
-from jaxcore.input import InputConfig, Loader, StdlibSource, stdlib_source
+from jaxcore.input import InputConfig, Loader, ResumableLoader, StdlibSource, stdlib_source
 from jaxcore.launch import LaunchError
 from jaxcore.mesh import MESH_AXES, ParallelConfig, build_mesh
 from jaxcore.metrics import MeanMetrics
@@ -84,6 +84,7 @@ __all__ = [
     "PipelineConfig",
     "PrecisionPolicy",
     "Preempted",
+    "ResumableLoader",
     "StdlibSource",
     "StepMeter",
     "TrainProgress",

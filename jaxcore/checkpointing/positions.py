@@ -40,6 +40,9 @@ class _Position:
         elif isinstance(data, dict) and "json" in data:
             self.state = data["json"]
 
+    def start_prefetch(self) -> None:
+        """Grain's handler calls it after a restore; a position has nothing to prefetch."""
+
 
 def step_indexed(loader: Any) -> bool:
     """Whether ``loader``'s position is the same on every process (see module docstring)."""

@@ -121,6 +121,7 @@ def _schedule(seed):
 
 def _chain(cache, t, faults, steps, procs):
     """Start, die at each fault in turn, then finish; return what each start saw."""
+    t.mkdir(parents=True, exist_ok=True)
     directory, out = t / "run", t / "run.jsonl"
     deaths = []
     for fault, rank in faults:

@@ -113,8 +113,10 @@ class CheckpointConfig:
         allow_unverified: restore a step that has no manifest (written by jaxcore 0.1);
             its files are then trusted unchecked. Off: such a step raises
             `CheckpointError`.
-        save_on_sigterm: write a final checkpoint when preempted (SIGTERM; with several
-            processes, JAX's preemption notice) and exit with `PREEMPTION_EXIT_CODE`.
+        save_on_sigterm: in a single process, install a SIGTERM handler so that the next
+            save writes a final checkpoint and exits with `PREEMPTION_EXIT_CODE`. With
+            several processes JAX's preemption notifier owns SIGTERM and its sync point
+            is always honoured (`jaxcore.checkpointing.preemption`).
         announce: print which checkpoint a run resumed from (process 0), besides logging.
     """
 
@@ -262,6 +264,11 @@ class Checkpointer:
         """Whether this single process got a SIGTERM the next save will act on."""
         return self._preemption.requested
 
+    def request_preemption(self) -> None:
+        """Make the next `save` the final one, as a SIGTERM would (single process; with
+        several, signal the processes and JAX's notifier agrees on the step)."""
+        self._preemption.request()
+
     def all_steps(self) -> list[int]:
         """Finalized steps in the directory, oldest first."""
         self._mgr.reload()
@@ -298,7 +305,7 @@ class Checkpointer:
         """
         loader = self._loader(loader, "Checkpointer.save(loader=...)")
         step = int(jax.device_get(state.step)) if step is None else int(step)
-        preempted = self.config.save_on_sigterm and self._preemption.reached(step, self._mgr)
+        preempted = self._preemption.reached(step, self._mgr)
         saved = False
         if preempted or force or self._mgr.should_save(step):
             if step in self._mgr.all_steps():

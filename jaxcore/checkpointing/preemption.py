@@ -51,11 +51,15 @@ class PreemptionWatch:
             return
 
         def on_sigterm(signum: int, frame: Any) -> None:
-            self._sigterm = True
-            log.warning("SIGTERM received: the next save() writes a final checkpoint.")
+            self.request()
 
         self._handler = on_sigterm
         self._previous = signal.signal(signal.SIGTERM, on_sigterm)
+
+    def request(self) -> None:
+        """Act as if SIGTERM arrived: the next save (of a single process) is the final one."""
+        self._sigterm = True
+        log.warning("preemption requested: the next save() writes a final checkpoint.")
 
     @property
     def requested(self) -> bool:

@@ -46,22 +46,15 @@ import time
 from typing import Any
 
 import jax
-import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as ocm
 
 from jaxcore.checkpointing import positions
 from jaxcore.checkpointing import record as rec
 from jaxcore.checkpointing.atomic import manifested_rename
-from jaxcore.checkpointing.manifest import (
-    VERIFY_MODES,
-    Damage,
-    check_file,
-    check_files,
-    has_manifest,
-    read_manifest,
-)
+from jaxcore.checkpointing.manifest import VERIFY_MODES, Damage, has_manifest
 from jaxcore.checkpointing.preemption import PreemptionWatch
+from jaxcore.checkpointing.verification import Unreadable, agree_on_damage
 from jaxcore.errors import ConfigError, JaxcoreError
 from jaxcore.input import check_loader
 from jaxcore.state import TrainState
@@ -402,41 +395,13 @@ class Checkpointer:
                 "verified. Restore it anyway with CheckpointConfig(allow_unverified=True), "
                 "or move it out of the directory."
             )
-        count, index = jax.process_count(), jax.process_index()
-        code, checked, error = -1, 0, None
         try:
-            damage, checked = check_files(root, self.config.verify, shard=(index, count))
-        except OSError as e:  # unreadable is not damaged: raise, on every process
-            damage, code, error = None, -3, e
-        if damage is not None:
-            files = read_manifest(root)
-            code = (
-                -2
-                if isinstance(files, Damage)
-                else sorted(files).index(str(damage.path.relative_to(root)))
-            )
-        codes, totals = [code], [checked]
-        if count > 1:
-            from jax.experimental import multihost_utils
-
-            gathered = multihost_utils.process_allgather(np.array([code, checked], np.int64))
-            codes, totals = gathered[:, 0].tolist(), gathered[:, 1].tolist()
-        if -3 in codes:
+            return agree_on_damage(root, self.config.verify)
+        except Unreadable as e:
             raise CheckpointError(
-                f"checkpoint {root} (step {step}): process {codes.index(-3)} could not read "
-                f"its files ({error or 'see that process'}). Nothing was moved; fix the "
-                "storage or permissions and rerun."
-            ) from error
-        bad = [c for c in codes if c != -1]
-        if not bad:
-            log.info("verified %s: %d files match the manifest", root, sum(totals))
-            return None
-        files = read_manifest(root)
-        if bad[0] == -2 or isinstance(files, Damage):
-            return files if isinstance(files, Damage) else Damage(root, "manifest unreadable")
-        rel = sorted(files)[bad[0]]
-        found = check_file(root, rel, files[rel], self.config.verify)
-        return found or Damage(root / rel, f"failed its check on process {codes.index(bad[0])}")
+                f"checkpoint {root} (step {step}): {e}. Nothing was moved; fix the storage "
+                "or permissions and rerun."
+            ) from e.error
 
     def _quarantine(self, step: int, damage: Damage) -> None:
         src = self.step_dir(step)

@@ -64,13 +64,14 @@ def inject(point: str, k: int) -> dict:
     """Install the fault; returns hooks the training loop calls."""
     hooks = {}
     if point == "startup":
-        die("startup")
+        die("startup:0")
     elif point == "verify":
         tick, check = counter(k, "verify"), manifest.check_file
         manifest.check_file = lambda *a, **kw: (tick(), check(*a, **kw))[1]
+        hooks["started"] = lambda: die(f"verify:{k} (there was nothing to verify)")
     elif point == "restore":
-        positions.apply = lambda *a, **kw: die("restore")
-        hooks["started"] = lambda: die("restore")  # nothing to restore: die at the same place
+        positions.apply = lambda *a, **kw: die("restore:0")
+        hooks["started"] = lambda: die("restore:0 (there was nothing to restore)")
     elif point == "train":
         hooks["trained"] = counter(k, "train")
     elif point == "save-inflight":

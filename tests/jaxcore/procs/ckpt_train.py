@@ -13,6 +13,7 @@ Each process writes ``DIR.pid<rank>`` at start. ``--die-at`` SIGKILLs process R 
   verify:K         while checking the K-th file of the manifest
   restore:0        after the state is read, before the loader is positioned
   train:K          after the K-th train step, before its save
+  saved:K          once the K-th save is finalized (a step to resume from exists)
   save-inflight:K  right after the K-th save was started (async write in flight)
   save-manifest:K  half-way through writing the K-th save's manifest (process 0)
   save-rename:K    with the K-th save's manifest written, before Orbax's rename (process 0)
@@ -74,6 +75,9 @@ def inject(point: str, k: int) -> dict:
         hooks["started"] = lambda: die("restore:0 (there was nothing to restore)")
     elif point == "train":
         hooks["trained"] = counter(k, "train")
+    elif point == "saved":
+        hooks["saved"] = counter(k, "saved")
+        hooks["wait"] = True
     elif point == "save-inflight":
         hooks["saved"] = counter(k, "save-inflight")
     elif point == "save-manifest":
@@ -140,6 +144,8 @@ def main() -> int:
             print(f"step {step}", flush=True)
             hooks.get("trained", nothing)()
             if ckpt.save(state, step=step):
+                if hooks.get("wait"):
+                    ckpt.wait()
                 hooks.get("saved", nothing)()
             time.sleep(a.step_sleep)
     loader.close()

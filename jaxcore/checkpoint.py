@@ -25,9 +25,9 @@ The guarantees (docs/checkpoints.md, each one a test):
 - on preemption every process saves the same step, then `Preempted` exits with 75
   (`jaxcore.checkpointing.preemption`).
 
-Restores are made against the abstract state of the *current* engine (`jax.eval_shape`
-of ``engine.prepare`` with ``engine.state_shardings``): each process reads only the shards
-its devices hold, so a checkpoint saved under ``fsdp=8`` restores onto ``fsdp=4,
+Restores are made against the abstract state of the *current* plan (``plan.abstract()``,
+sharded ``ShapeDtypeStruct``s, nothing computed): each process reads only the shards its
+devices hold, so a checkpoint saved under ``fsdp=8`` restores onto ``fsdp=4,
 tensor=2``, ``data=8`` or one device (Orbax's ``StandardRestore`` with sharded
 ``jax.ShapeDtypeStruct`` targets, as in MaxText's ``checkpointing.py``).
 """
@@ -57,6 +57,7 @@ from jaxcore.checkpointing.preemption import PreemptionWatch
 from jaxcore.checkpointing.verification import Unreadable, agree_on_damage
 from jaxcore.errors import ConfigError, JaxcoreError
 from jaxcore.input import check_loader
+from jaxcore.plan import TrainPlan
 from jaxcore.state import TrainState
 
 log = logging.getLogger(__name__)
@@ -179,8 +180,9 @@ class Checkpointer:
 
     Args:
         config: a `CheckpointConfig` (or pass its fields as keywords).
-        engine: the `Engine` whose mesh, config and logical axes every step records
-            (`restore_or_init` sets it too).
+        plan: the `TrainPlan` whose mesh, engine config and logical axes every step
+            records (`restore_or_init` sets it).
+        engine: instead of ``plan``: an `Engine`, whose ``last_plan`` at save time is used.
         loader: the loader whose position every save records (a `ResumableLoader`;
             checked here, so a loader that cannot resume fails before the first step).
         run_config: any JSON-able description of the run, stored in every step's record.
@@ -190,6 +192,7 @@ class Checkpointer:
         self,
         config: CheckpointConfig | None = None,
         *,
+        plan: TrainPlan | None = None,
         engine: Any = None,
         loader: Any = None,
         run_config: Any = None,
@@ -203,11 +206,13 @@ class Checkpointer:
         self.config = config
         self.directory = pathlib.Path(os.fspath(config.directory)).absolute()
         self.run_config = run_config
+        self.plan: TrainPlan | None = plan
         self.engine: Any = engine
         self.loader: Any = loader
         self.resumed_step: int | None = None
         self.resumed_from: pathlib.Path | None = None
         self._closed = False
+        self._warned_planless = False
         self._mgr = ocp.CheckpointManager(
             self.directory, item_names=_ITEMS, options=self._options()
         )
@@ -325,10 +330,17 @@ class Checkpointer:
         if loader is not None:
             position_items, input_info = positions.save_items(loader)
             items.update(position_items)
+        plan = self.plan or getattr(self.engine, "last_plan", None)
+        if plan is None and not self._warned_planless:
+            self._warned_planless = True
+            log.warning(
+                "Checkpointer has no plan: steps record the mesh but not the engine config "
+                "or logical axes. Pass Checkpointer(plan=...) or engine=..."
+            )
         record = rec.build(
             step,
             saveable,
-            engine=self.engine,
+            plan=plan,
             rng_impl=jax.random.key_impl(rng) if typed else None,
             input_info=input_info,
             run_config=self.run_config,
@@ -420,17 +432,13 @@ class Checkpointer:
 
     # ----------------------------------------------------------------- restoring
     def abstract_state(self, engine: Any, model: Any, optimizer: Any) -> TrainState:
-        """The state ``engine.prepare`` would build, as sharded ``ShapeDtypeStruct``s.
+        """``engine.plan(model, optimizer).abstract()``: the restore target of that plan.
 
-        Nothing is initialised: `jax.eval_shape` traces ``prepare`` (which also sets up
-        ``engine.state_shardings`` for the steps built afterwards).
+        Nothing is initialised; the plan becomes the engine's ``last_plan`` (the steps
+        built afterwards use it) and this Checkpointer's ``plan``.
         """
-        shapes = jax.eval_shape(lambda: engine.prepare(model, optimizer))
-        return jax.tree.map(
-            lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-            shapes,
-            engine.state_shardings,
-        )
+        self.plan = engine.plan(model, optimizer)
+        return self.plan.abstract()
 
     def read_record(self, step: int) -> dict[str, Any]:
         """The JSON record (``meta``) of a step."""
@@ -507,19 +515,30 @@ class Checkpointer:
                 )
 
     def restore_or_init(
-        self, engine: Any, model: Any, optimizer: Any, loader: Any = None
+        self,
+        engine: Any,
+        model: Any = None,
+        optimizer: Any = None,
+        loader: Any = None,
     ) -> tuple[TrainState, Any]:
         """Resume from the newest good checkpoint, or start fresh: ``(state, loader)``.
 
-        The state lands on ``engine``'s current mesh (any layout); ``loader`` (default:
-        the constructor's) is positioned at the batch after the checkpoint's. A step
-        proven damaged is moved to ``<directory>/damaged/`` and the previous one is
-        tried; a second damaged step in the same start, and any other failure, raise
+        ``engine`` is a `TrainPlan`, or an `Engine` with the ``model`` and ``optimizer``
+        to plan (``engine.plan(model, optimizer)``, which becomes its ``last_plan``). The
+        state lands on the plan's mesh (any layout); ``loader`` (default: the
+        constructor's) is positioned at the batch after the checkpoint's. A step proven
+        damaged is moved to ``<directory>/damaged/`` and the previous one is tried; a
+        second damaged step in the same start, and any other failure, raise
         `CheckpointError` with every step left in place.
         """
         loader = self._loader(loader, "Checkpointer.restore_or_init(loader=...)")
-        self.engine = engine
-        target = self.abstract_state(engine, model, optimizer)
+        if isinstance(engine, TrainPlan):
+            plan = engine
+        else:
+            self.engine = engine
+            plan = engine.plan(model, optimizer)
+        self.plan = plan
+        target = plan.abstract()
         quarantined: int | None = None
         for step in reversed(self.all_steps()):
             damage = self.verify(step)
@@ -547,7 +566,7 @@ class Checkpointer:
         msg = f"no checkpoint in {self.directory}: starting from step 0"
         log.info(msg)
         self._print(msg)
-        return engine.prepare(model, optimizer), loader
+        return plan.init(), loader
 
     def _print(self, msg: str) -> None:
         if self.config.announce and jax.process_index() == 0:

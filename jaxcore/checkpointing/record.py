@@ -52,9 +52,9 @@ def leaf_table(tree: Any) -> dict[str, list]:
     }
 
 
-def logical_axes(engine: Any, params: Any) -> dict[str, list | None]:
-    """``path -> logical axis names`` of every parameter, as the engine names them."""
-    names = shd.name_params(params, engine.model.logical_axes, engine.config.param_rules)
+def logical_axes(plan: Any) -> dict[str, list | None]:
+    """``path -> logical axis names`` of every parameter, as the plan names them."""
+    names = plan.logical_axes
     return {
         shd.path_str(p): None if n is None else list(n)
         for p, n in jax.tree_util.tree_flatten_with_path(
@@ -63,16 +63,25 @@ def logical_axes(engine: Any, params: Any) -> dict[str, list | None]:
     }
 
 
+def _state_mesh(tree: Any) -> dict[str, int] | None:
+    """The mesh the state's arrays are laid out on (what a plan-less save can still say)."""
+    for leaf in jax.tree.leaves(tree):
+        mesh = getattr(getattr(leaf, "sharding", None), "mesh", None)
+        if mesh is not None and hasattr(mesh, "shape"):
+            return dict(mesh.shape)
+    return None
+
+
 def build(
     step: int,
     saveable: Any,
     *,
-    engine: Any,
+    plan: Any,
     rng_impl: Any,
     input_info: dict[str, Any] | None,
     run_config: Any,
 ) -> dict[str, Any]:
-    """The record of ``step``; ``engine`` (when known) adds mesh, config and axes."""
+    """The record of ``step``: the plan (when known) gives mesh, engine config and axes."""
     record: dict[str, Any] = {
         "format": FORMAT,
         "step": step,
@@ -85,9 +94,10 @@ def build(
         "input": input_info,
         "run": jsonable(run_config),
     }
-    if engine is not None:
-        record["mesh"] = dict(engine.mesh.shape)
-        record["engine"] = jsonable(engine.config)
-        if engine.model is not None:
-            record["logical_axes"] = logical_axes(engine, saveable.params)
+    if plan is not None:
+        record["mesh"] = dict(plan.mesh.shape)
+        record["engine"] = jsonable(plan.config)
+        record["logical_axes"] = logical_axes(plan)
+    else:
+        record["mesh"] = _state_mesh(saveable)
     return record

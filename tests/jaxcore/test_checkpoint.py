@@ -183,3 +183,20 @@ def test_safetensors_export_and_import_round_trip(saved, tmp_path):
     with pytest.raises(jc.ConfigError, match="missing"):
         portable.save_params({"embed": state.params["embed"]}, tmp_path / "part.safetensors")
         portable.load_params(tmp_path / "part.safetensors", engine)
+
+
+def test_a_plain_save_records_the_plan_and_restores_onto_it(tmp_path, trained):
+    from jaxcore.checkpointing import record as rec
+
+    engine, _, state = trained
+    plan = engine.last_plan
+    with Checkpointer(CheckpointConfig(directory=tmp_path, async_save=False), plan=plan) as c:
+        c.save(state, force=True)
+        record = c.read_record(3)
+    assert record["mesh"] == dict(plan.mesh.shape)
+    assert record["engine"] == rec.jsonable(plan.config)
+    assert record["logical_axes"]["embed"] is not None
+    with _fresh(tmp_path) as ckpt:
+        restored, _ = ckpt.restore_or_init(plan)
+    assert ckpt.plan is plan and ckpt.resumed_step == 3
+    assert _equal_trees(restored.params, state.params)

@@ -63,7 +63,12 @@ def _start(cache, directory, out, steps, *extra, procs=1, devices=None):
     else:
         per = devices or 8 // procs
         launch = ["-m", "jaxcore.launch", "-n", str(procs), "--devices-per-process", str(per)]
-        cmd, env = [sys.executable, *launch, "--grace", "2", *args], _env(cache)
+        launch += ["--grace", "2", "--init-timeout", "600"]
+        # No persistent cache under the launcher: seen here, a multi-process run whose
+        # executables came from the cache failed at its first device-to-host read.
+        env = _env(cache)
+        env.pop("JAX_COMPILATION_CACHE_DIR")
+        cmd = [sys.executable, *launch, *args]
     return subprocess.Popen(
         cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )

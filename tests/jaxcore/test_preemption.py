@@ -9,7 +9,7 @@
   the same step, the launcher exits 75, and the run continues with 2 processes exactly and
   with 1 process within float tolerance.
 
-All runs share one compilation cache, so only the first start of each kind compiles.
+Single-process runs share one compilation cache, so only their first start compiles.
 """
 
 import json

@@ -29,7 +29,7 @@ from jaxcore.errors import (
     TrainingDivergedError,
 )
 from jaxcore.gather import EvalGatherer, gather
-from jaxcore.input import InputConfig, Loader, StdlibSource, stdlib_source
+from jaxcore.input import InputConfig, Loader, ResumableLoader, StdlibSource, stdlib_source
 from jaxcore.launch import LaunchError
 from jaxcore.mesh import MESH_AXES, ParallelConfig, build_mesh
 from jaxcore.metrics import MeanMetrics
@@ -104,6 +104,7 @@ __all__ = [
     "PipelineConfig",
     "PrecisionPolicy",
     "Preempted",
+    "ResumableLoader",
     "ShardingPlan",
     "StateError",
     "StdlibSource",

@@ -1,49 +1,47 @@
-"""Checkpoints that resume exactly: Orbax `CheckpointManager` plus validation and preemption.
+"""Checkpoints that resume exactly and never discard a run on a guess.
 
-One directory per step (``<directory>/<step>/``) holds three Orbax items:
+One directory per step (``<directory>/<step>/``) holds Orbax items:
 
 - ``state``: the `TrainState` (params, optimizer state, loss scale, step, and the typed
   PRNG key stored as its raw ``key_data``), written by Orbax's sharded array handler;
-- ``input``: the loader position (`jaxcore.input.Loader.state_dict`), JSON; for streaming
-  sources ``input_stream`` holds one Grain iterator state per process instead;
+- ``input`` / ``input_stream``: the loader position, once or per process
+  (`jaxcore.checkpointing.positions`);
 - ``meta``: a JSON record of the run (engine config, mesh shape, package versions, the
   shape/dtype of every state leaf, the parameters' logical axes);
 
-and, once Orbax has finalized the step, a ``jaxcore_manifest.json`` with the size and
-CRC32 of every file. Orbax writes each step into a temporary directory and renames it
-when every process has finished (its atomicity protocol), so a save killed half-way is
-never listed; the manifest lets `Checkpointer.validate` name a checkpoint whose files
-were later truncated or lost, which `restore_or_init` then moves to
-``<directory>/damaged/`` before falling back to the previous good step.
+and ``jaxcore_manifest.json``, the size and CRC32 of every file, written inside Orbax's
+temporary directory before the rename that finalizes the step
+(`jaxcore.checkpointing.atomic`): a finalized step always has one.
 
-Restores are made against the abstract state of the *current* engine (`jax.eval_shape`
-of ``engine.prepare`` with ``engine.state_shardings``): each process reads only the shards
-its devices hold, so a checkpoint saved under ``fsdp=8`` restores onto ``fsdp=4,
-tensor=2``, ``data=8`` or one device without a gather on one host (Orbax's
-``StandardRestore`` with sharded ``jax.ShapeDtypeStruct`` targets, as in MaxText's
-``checkpointing.py``).
+The guarantees (docs/checkpoints.md, each one a test):
 
-SIGTERM (cloud preemption, Slurm's time limit) sets a flag; the next `Checkpointer.save`
-writes a final checkpoint, waits for it and raises `Preempted`, a `SystemExit` with
-`PREEMPTION_EXIT_CODE`. With several processes the agreed preemption point of JAX's
-coordination service decides instead (Orbax ``reached_preemption``).
+- every restore is verified against the manifest first (processes share the reads);
+- a step is moved to ``<directory>/damaged/`` only on proof from its own manifest (a file
+  missing, of the wrong size or failing its CRC, or the manifest unreadable), at most one
+  per start; any other failure raises `CheckpointError` naming the step and touches
+  nothing;
+- a step without a manifest (jaxcore 0.1) is refused unless
+  ``CheckpointConfig(allow_unverified=True)``;
+- on preemption every process saves the same step, then `Preempted` exits with 75
+  (`jaxcore.checkpointing.preemption`).
+
+Restores are made against the abstract state of the *current* plan (``plan.abstract()``,
+sharded ``ShapeDtypeStruct``s, nothing computed): each process reads only the shards its
+devices hold, so a checkpoint saved under ``fsdp=8`` restores onto ``fsdp=4,
+tensor=2``, ``data=8`` or one device (Orbax's ``StandardRestore`` with sharded
+``jax.ShapeDtypeStruct`` targets, as in MaxText's ``checkpointing.py``).
 """
 
 from __future__ import annotations
 
-import concurrent.futures
 import dataclasses
-import datetime
-import importlib.metadata
 import json
 import logging
 import os
 import pathlib
-import platform
+import re
 import shutil
-import signal
 import sys
-import threading
 import time
 from typing import Any
 
@@ -51,9 +49,15 @@ import jax
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as ocm
 
-from jaxcore import sharding as shd
-from jaxcore.checkpointing.manifest import VERIFY_MODES, check_files, write_manifest
+from jaxcore.checkpointing import positions
+from jaxcore.checkpointing import record as rec
+from jaxcore.checkpointing.atomic import manifested_rename
+from jaxcore.checkpointing.manifest import VERIFY_MODES, Damage, has_manifest
+from jaxcore.checkpointing.preemption import PreemptionWatch
+from jaxcore.checkpointing.verification import Unreadable, agree_on_damage
 from jaxcore.errors import ConfigError, JaxcoreError
+from jaxcore.input import check_loader
+from jaxcore.plan import TrainPlan
 from jaxcore.state import TrainState
 
 log = logging.getLogger(__name__)
@@ -63,8 +67,7 @@ log = logging.getLogger(__name__)
 # script can requeue the job when it sees it.
 PREEMPTION_EXIT_CODE = 75
 DAMAGED_DIR = "damaged"
-_ITEMS = ("state", "meta", "input", "input_stream")
-_PACKAGES = ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "grain", "numpy")
+_ITEMS = ("state", "meta", positions.SHARED, positions.PER_PROCESS)
 
 
 class Preempted(SystemExit):
@@ -76,7 +79,11 @@ class Preempted(SystemExit):
 
 
 class CheckpointError(JaxcoreError):
-    """A checkpoint could not be read (after every candidate was tried)."""
+    """A checkpoint could not be verified or read, and nothing proves it is damaged.
+
+    Raised instead of guessing: the step directory is left where it is. The message names
+    the step, the file or item, and the underlying exception.
+    """
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -97,7 +104,13 @@ class CheckpointConfig:
         best_mode: ``min`` (e.g. loss) or ``max`` (e.g. accuracy).
         verify: before restoring, check the manifest's file sizes and CRC32s
             (``checksum``), sizes only (``size``), or nothing (``none``).
-        save_on_sigterm: install a SIGTERM handler that triggers a final save.
+        allow_unverified: restore a step that has no manifest (written by jaxcore 0.1);
+            its files are then trusted unchecked. Off: such a step raises
+            `CheckpointError`.
+        save_on_sigterm: in a single process, install a SIGTERM handler so that the next
+            save writes a final checkpoint and exits with `PREEMPTION_EXIT_CODE`. With
+            several processes JAX's preemption notifier owns SIGTERM and its sync point
+            is always honoured (`jaxcore.checkpointing.preemption`).
         announce: print which checkpoint a run resumed from (process 0), besides logging.
     """
 
@@ -110,6 +123,7 @@ class CheckpointConfig:
     best_metric: str | None = None
     best_mode: str = "min"
     verify: str = "checksum"
+    allow_unverified: bool = False
     save_on_sigterm: bool = True
     announce: bool = True
 
@@ -136,72 +150,41 @@ class CheckpointConfig:
             raise ConfigError(f"CheckpointConfig.verify={self.verify!r}: one of {VERIFY_MODES}.")
 
 
-# --------------------------------------------------------------------- helpers
-def _versions() -> dict[str, str]:
-    out = {"python": platform.python_version()}
-    for name in _PACKAGES:
-        try:
-            out[name] = importlib.metadata.version(name)
-        except importlib.metadata.PackageNotFoundError:
-            out[name] = "missing"
-    return out
-
-
-def _jsonable(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _jsonable(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_jsonable(v) for v in value]
-    if value is None or isinstance(value, bool | int | float | str):
-        return value
-    return repr(value)
-
-
 def _is_typed_key(x: Any) -> bool:
     return hasattr(x, "dtype") and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
 
 
-def _leaf_table(tree: Any) -> dict[str, list]:
-    """``path -> [shape, dtype]`` for every leaf (what `meta` records and restores check)."""
-    return {
-        shd.path_str(p): [list(x.shape), str(x.dtype)]
-        for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]
-    }
+def _culprit(root: pathlib.Path, error: BaseException, default: pathlib.Path) -> str:
+    """The first path under ``root`` that ``error`` (or its causes) mentions."""
+    pattern = re.compile(re.escape(str(root)) + r"[^\s'\",:\]\)]*")
+    seen: BaseException | None = error
+    while seen is not None:
+        found = pattern.search(str(seen))
+        if found:
+            return found.group(0)
+        seen = seen.__cause__ or seen.__context__
+    return str(default)
 
 
-class _StreamState:
-    """A snapshot of Grain iterator state in the form Grain's Orbax handler saves."""
-
-    def __init__(self, state: Any = None):
-        self.state = state
-
-    def get_state(self) -> bytes:
-        return json.dumps(self.state).encode()
-
-    def set_state(self, state: bytes) -> None:
-        self.state = json.loads(state)
-
-    def start_prefetch(self) -> None:
-        pass
-
-
-# --------------------------------------------------------------------- the checkpointer
 class Checkpointer:
     """Saves and restores runs; see the module docstring for the layout and guarantees.
 
     Typical loop::
 
-        ckpt = Checkpointer(CheckpointConfig(directory="runs/a", save_every_steps=100))
-        state, loader = ckpt.restore_or_init(engine, model_factory, optimizer, loader)
-        for batch in loader:
-            state, metrics = step(state, batch)
-            ckpt.save(state, loader, metrics={"loss": metrics["loss"]})
-        ckpt.close()
+        with Checkpointer(CheckpointConfig(directory="runs/a", save_every_steps=100),
+                          loader=loader) as ckpt:
+            state, loader = ckpt.restore_or_init(engine, model_factory, optimizer)
+            for batch in loader:
+                state, metrics = step(state, batch)
+                ckpt.save(state, metrics={"loss": metrics["loss"]})
 
     Args:
         config: a `CheckpointConfig` (or pass its fields as keywords).
+        plan: the `TrainPlan` whose mesh, engine config and logical axes every step
+            records (`restore_or_init` sets it).
+        engine: instead of ``plan``: an `Engine`, whose ``last_plan`` at save time is used.
+        loader: the loader whose position every save records (a `ResumableLoader`;
+            checked here, so a loader that cannot resume fails before the first step).
         run_config: any JSON-able description of the run, stored in every step's record.
     """
 
@@ -209,6 +192,9 @@ class Checkpointer:
         self,
         config: CheckpointConfig | None = None,
         *,
+        plan: TrainPlan | None = None,
+        engine: Any = None,
+        loader: Any = None,
         run_config: Any = None,
         **fields: Any,
     ):
@@ -216,22 +202,21 @@ class Checkpointer:
             config = CheckpointConfig(**fields)
         elif fields:
             config = dataclasses.replace(config, **fields)
+        check_loader(loader, "Checkpointer(loader=...)")
         self.config = config
         self.directory = pathlib.Path(os.fspath(config.directory)).absolute()
         self.run_config = run_config
-        self.engine: Any = None
+        self.plan: TrainPlan | None = plan
+        self.engine: Any = engine
+        self.loader: Any = loader
         self.resumed_step: int | None = None
         self.resumed_from: pathlib.Path | None = None
-        self._sigterm = False
-        self._previous_handler: Any = None
-        self._manifests = concurrent.futures.ThreadPoolExecutor(1, "jaxcore-manifest")
-        self._manifest_jobs: list[concurrent.futures.Future] = []
-        self._drained = threading.Event()
+        self._closed = False
+        self._warned_planless = False
         self._mgr = ocp.CheckpointManager(
             self.directory, item_names=_ITEMS, options=self._options()
         )
-        if config.save_on_sigterm:
-            self._install_sigterm()
+        self._preemption = PreemptionWatch(install=config.save_on_sigterm)
 
     def _options(self) -> ocp.CheckpointManagerOptions:
         cfg = self.config
@@ -261,38 +246,26 @@ class Checkpointer:
             enable_async_checkpointing=cfg.async_save,
             # Leftover temporary directories are saves that were killed mid-write.
             cleanup_tmp_directories=True,
+            # The manifest is written inside the temporary step, before its rename.
+            temporary_path_class=manifested_rename(self.directory),
             create=True,
         )
 
-    # ----------------------------------------------------------------- preemption
-    def _install_sigterm(self) -> None:
-        if threading.current_thread() is not threading.main_thread():
-            log.warning("Checkpointer created off the main thread: no SIGTERM handler.")
-            return
-
-        def on_sigterm(signum, frame):
-            self._sigterm = True
-            log.warning("SIGTERM received: the next save() writes a final checkpoint.")
-
-        self._previous_handler = signal.signal(signal.SIGTERM, on_sigterm)
-
-    @property
-    def preemption_requested(self) -> bool:
-        """Whether a SIGTERM arrived (this process) that the next save will act on."""
-        return self._sigterm
-
-    def _preempted(self, step: int) -> bool:
-        if self._mgr.reached_preemption(step):
-            return True
-        # One process decides alone only when it is alone; otherwise processes could
-        # disagree about the step and deadlock in the save's collectives.
-        return self._sigterm and jax.process_count() == 1
-
-    # ----------------------------------------------------------------- saving
+    # ----------------------------------------------------------------- steps
     @property
     def manager(self) -> ocp.CheckpointManager:
         """The underlying Orbax `CheckpointManager` (for what this class does not cover)."""
         return self._mgr
+
+    @property
+    def preemption_requested(self) -> bool:
+        """Whether this single process got a SIGTERM the next save will act on."""
+        return self._preemption.requested
+
+    def request_preemption(self) -> None:
+        """Make the next `save` the final one, as a SIGTERM would (single process; with
+        several, signal the processes and JAX's notifier agrees on the step)."""
+        self._preemption.request()
 
     def all_steps(self) -> list[int]:
         """Finalized steps in the directory, oldest first."""
@@ -306,6 +279,13 @@ class Checkpointer:
     def step_dir(self, step: int) -> pathlib.Path:
         return self.directory / str(step)
 
+    # ----------------------------------------------------------------- saving
+    def _loader(self, loader: Any, where: str) -> Any:
+        if loader is None:
+            return self.loader
+        check_loader(loader, where)
+        return loader
+
     def save(
         self,
         state: TrainState,
@@ -317,12 +297,13 @@ class Checkpointer:
     ) -> bool:
         """Save if the policy says so (or ``force``); call it after every train step.
 
-        Returns whether a save started. After a SIGTERM it saves, waits, and raises
-        `Preempted` (exit code `PREEMPTION_EXIT_CODE`). ``step`` defaults to
-        ``state.step`` (passing it avoids reading the device value).
+        Returns whether a save started. When preempted it saves, waits, and raises
+        `Preempted` (exit code `PREEMPTION_EXIT_CODE`). ``loader`` defaults to the
+        constructor's; ``step`` to ``state.step`` (passing it avoids a device read).
         """
+        loader = self._loader(loader, "Checkpointer.save(loader=...)")
         step = int(jax.device_get(state.step)) if step is None else int(step)
-        preempted = self._preempted(step)
+        preempted = self._preemption.reached(step, self._mgr)
         saved = False
         if preempted or force or self._mgr.should_save(step):
             if step in self._mgr.all_steps():
@@ -344,19 +325,27 @@ class Checkpointer:
         rng = state.rng
         typed = _is_typed_key(rng)
         saveable = state.replace(rng=jax.random.key_data(rng)) if typed else state
-        record = self._record(step, saveable, loader, jax.random.key_impl(rng) if typed else None)
-        items: dict[str, Any] = {
-            "state": ocp.args.StandardSave(saveable),
-            "meta": ocp.args.JsonSave(record),
-        }
+        items: dict[str, Any] = {"state": ocp.args.StandardSave(saveable)}
+        input_info = None
         if loader is not None:
-            position = loader.state_dict()
-            if position["kind"] == "stream":
-                import grain
-
-                grain_state = position.pop("grain_state")
-                items["input_stream"] = grain.checkpoint.CheckpointSave(_StreamState(grain_state))
-            items["input"] = ocp.args.JsonSave(position)
+            position_items, input_info = positions.save_items(loader)
+            items.update(position_items)
+        plan = self.plan or getattr(self.engine, "last_plan", None)
+        if plan is None and not self._warned_planless:
+            self._warned_planless = True
+            log.warning(
+                "Checkpointer has no plan: steps record the mesh but not the engine config "
+                "or logical axes. Pass Checkpointer(plan=...) or engine=..."
+            )
+        record = rec.build(
+            step,
+            saveable,
+            plan=plan,
+            rng_impl=jax.random.key_impl(rng) if typed else None,
+            input_info=input_info,
+            run_config=self.run_config,
+        )
+        items["meta"] = ocp.args.JsonSave(record)
         if metrics is not None:
             metrics = {k: float(jax.device_get(v)) for k, v in metrics.items()}
         t0 = time.perf_counter()
@@ -369,77 +358,22 @@ class Checkpointer:
                 "async" if self.config.async_save else "sync",
                 time.perf_counter() - t0,
             )
-            if jax.process_index() == 0:
-                self._manifest_jobs = [f for f in self._manifest_jobs if not f.done()]
-                self._manifest_jobs.append(self._manifests.submit(self._write_manifest, step))
         return saved
 
-    def _record(self, step: int, saveable: TrainState, loader: Any, impl: Any) -> dict:
-        engine = self.engine
-        record: dict[str, Any] = {
-            "format": 1,
-            "step": step,
-            "time": datetime.datetime.now(datetime.UTC).isoformat(),
-            "versions": _versions(),
-            "processes": jax.process_count(),
-            "devices": jax.device_count(),
-            "rng_impl": None if impl is None else str(impl),
-            "leaves": _leaf_table(saveable),
-            "input_kind": None
-            if loader is None
-            else ("stream" if loader.streaming else "random_access"),
-            "run": _jsonable(self.run_config),
-        }
-        if engine is not None:
-            record["mesh"] = dict(engine.mesh.shape)
-            record["engine"] = _jsonable(engine.config)
-            if engine.model is not None:
-                names = shd.name_params(
-                    saveable.params, engine.model.logical_axes, engine.config.param_rules
-                )
-                record["logical_axes"] = {
-                    shd.path_str(p): None if n is None else list(n)
-                    for p, n in jax.tree_util.tree_flatten_with_path(
-                        names, is_leaf=lambda x: x is None or isinstance(x, tuple)
-                    )[0]
-                }
-        return record
-
-    def _write_manifest(self, step: int, timeout: float = 3600.0) -> None:
-        """Wait until Orbax has finalized ``step``, then record its files' sizes and CRCs."""
-        root = self.step_dir(step)
-        deadline = time.monotonic() + timeout
-        while not (root.is_dir() and ocp.utils.is_checkpoint_finalized(root)):
-            # After wait() has drained Orbax, a step that is still not final never will be
-            # (its save failed, or retention deleted it).
-            if self._drained.is_set() or time.monotonic() > deadline:
-                log.warning("step %d was not finalized: no manifest written", step)
-                return
-            time.sleep(0.05)
-        try:
-            write_manifest(root, step)
-        except FileNotFoundError:
-            log.info("step %d was deleted before its manifest was written", step)
-
     def wait(self) -> None:
-        """Block until every save in flight (and its manifest) is on disk."""
+        """Block until every save in flight is finalized (manifest included)."""
         self._mgr.wait_until_finished()
-        self._drained.set()
-        try:
-            for job in list(self._manifest_jobs):
-                job.result()
-        finally:
-            self._drained.clear()
-        self._manifest_jobs.clear()
 
     def close(self) -> None:
-        """Finish pending saves, release Orbax's threads and the SIGTERM handler."""
-        self.wait()
-        self._mgr.close()
-        self._manifests.shutdown(wait=True)
-        if self._previous_handler is not None:
-            signal.signal(signal.SIGTERM, self._previous_handler)
-            self._previous_handler = None
+        """Finish pending saves, release Orbax's threads and SIGTERM (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.wait()
+        finally:
+            self._mgr.close()
+            self._preemption.close()
 
     def __enter__(self) -> Checkpointer:
         return self
@@ -447,32 +381,44 @@ class Checkpointer:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    # ----------------------------------------------------------------- validation
-    def validate(self, step: int) -> str | None:
-        """Why checkpoint ``step`` cannot be trusted, or ``None`` when it checks out.
+    # ----------------------------------------------------------------- verification
+    def verify(self, step: int) -> Damage | None:
+        """Check step ``step`` against its manifest: the `Damage` found, or ``None``.
 
-        Checks that the step is finalized, that its items are there, and (when its
-        manifest exists, i.e. the writing process lived past the finalize) that every
-        file has its recorded size and, with ``verify='checksum'``, its CRC32.
+        Every process checks a share of the files and all agree on the answer. A step
+        without a manifest raises `CheckpointError` unless ``allow_unverified``; a file
+        that cannot be read (permissions, I/O errors) raises `CheckpointError` too:
+        neither proves damage.
         """
         root = self.step_dir(step)
         if not root.is_dir():
-            return f"{root} does not exist"
+            raise CheckpointError(f"checkpoint {root} (step {step}) does not exist.")
         if not ocp.utils.is_checkpoint_finalized(root):
-            return f"{root} was never finalized (a save that did not finish)"
-        for item in ("state", "meta"):
-            if not (root / item).is_dir():
-                return f"{root / item} is missing"
+            return Damage(root, "was never finalized (a save that did not finish)")
+        if self.config.verify == "none":
+            return None
+        if not has_manifest(root):
+            if self.config.allow_unverified:
+                log.warning("%s has no manifest: restoring it UNVERIFIED", root)
+                return None
+            raise CheckpointError(
+                f"checkpoint {root} (step {step}) has no manifest (jaxcore_manifest.json): it "
+                "was written by jaxcore 0.1 or copied without it, so its files cannot be "
+                "verified. Restore it anyway with CheckpointConfig(allow_unverified=True), "
+                "or move it out of the directory."
+            )
         try:
-            json.loads((root / "meta" / "metadata").read_text())
-        except (OSError, ValueError) as e:
-            return f"{root / 'meta' / 'metadata'} is unreadable ({e})"
-        return check_files(root, self.config.verify)
+            return agree_on_damage(root, self.config.verify)
+        except Unreadable as e:
+            raise CheckpointError(
+                f"checkpoint {root} (step {step}): {e}. Nothing was moved; fix the storage "
+                "or permissions and rerun."
+            ) from e.error
 
-    def _quarantine(self, step: int, problem: str) -> None:
+    def _quarantine(self, step: int, damage: Damage) -> None:
         src = self.step_dir(step)
         dst = self.directory / DAMAGED_DIR / f"{step}-{int(time.time())}"
-        msg = f"checkpoint {src} is damaged: {problem}; moving it to {dst}"
+        msg = f"checkpoint {src} is damaged: {damage}; moving it to {dst}"
         log.error(msg)
         self._print(msg)
         if jax.process_index() == 0 and src.exists():
@@ -486,24 +432,40 @@ class Checkpointer:
 
     # ----------------------------------------------------------------- restoring
     def abstract_state(self, engine: Any, model: Any, optimizer: Any) -> TrainState:
-        """The state ``engine.prepare`` would build, as sharded ``ShapeDtypeStruct``s.
+        """``engine.plan(model, optimizer).abstract()``: the restore target of that plan.
 
-        Nothing is initialised: ``engine.plan(...).abstract()`` (the plan becomes the
-        engine's ``last_plan``, which the steps built afterwards use).
+        Nothing is initialised; the plan becomes the engine's ``last_plan`` (the steps
+        built afterwards use it) and this Checkpointer's ``plan``.
         """
-        return engine.plan(model, optimizer).abstract()
+        self.plan = engine.plan(model, optimizer)
+        return self.plan.abstract()
 
     def read_record(self, step: int) -> dict[str, Any]:
         """The JSON record (``meta``) of a step."""
         return json.loads((self.step_dir(step) / "meta" / "metadata").read_text())
 
     def restore(self, step: int, target: TrainState, loader: Any = None) -> TrainState:
-        """Restore ``step`` onto ``target`` (sharded abstract state) and position ``loader``.
+        """Verify ``step``, restore it onto ``target`` (sharded abstract state), position
+        ``loader`` (default: the constructor's).
 
-        Raises `ConfigError` when the checkpoint holds a different model or optimizer
-        state, or the loader cannot continue from its position.
+        Raises `CheckpointError` when the step is damaged (it is not moved: that is
+        `restore_or_init`'s decision), unverifiable or unreadable, and `ConfigError` when
+        it holds a different model or optimizer state or the loader cannot continue.
         """
-        record = self.read_record(step)
+        damage = self.verify(step)
+        if damage is not None:
+            raise CheckpointError(f"checkpoint {self.step_dir(step)} is damaged: {damage}.")
+        return self._restore(step, target, self._loader(loader, "Checkpointer.restore"))
+
+    def _restore(self, step: int, target: TrainState, loader: Any) -> TrainState:
+        root = self.step_dir(step)
+        try:
+            record = self.read_record(step)
+        except (OSError, ValueError) as e:
+            raise CheckpointError(
+                f"checkpoint {root} (step {step}): its record {root / 'meta' / 'metadata'} "
+                f"cannot be read ({type(e).__name__}: {e}); nothing was moved."
+            ) from e
         typed = _is_typed_key(target.rng)
         if typed:
             kd = jax.eval_shape(jax.random.key_data, target.rng)
@@ -512,34 +474,29 @@ class Checkpointer:
             )
         self._check_compatible(step, record, target)
         items: dict[str, Any] = {"state": ocp.args.StandardRestore(target)}
-        kind = record.get("input_kind")
-        if loader is not None and kind is not None:
-            items["input"] = ocp.args.JsonRestore()
-            if kind == "stream":
-                if record["processes"] != jax.process_count():
-                    raise ConfigError(
-                        f"checkpoint {self.step_dir(step)} holds a streaming input position "
-                        f"for {record['processes']} processes; this run has "
-                        f"{jax.process_count()}. Resume a streaming source with the same "
-                        "process count (or use a random-access source, which resumes on any)."
-                    )
-                import grain
-
-                items["input_stream"] = grain.checkpoint.CheckpointRestore(_StreamState())
-        out = self._mgr.restore(step, args=ocp.args.Composite(**items))
+        if loader is not None:
+            items.update(positions.restore_items(record, str(root)))
+        try:
+            out = self._mgr.restore(step, args=ocp.args.Composite(**items))
+        except Exception as e:
+            where = _culprit(root, e, root / "state")
+            raise CheckpointError(
+                f"restoring checkpoint {root} (step {step}) failed at {where}: "
+                f"{type(e).__name__}: {e}. Its files match their manifest, so it is not "
+                "treated as damaged and nothing was moved. Common causes: a changed Orbax "
+                "or JAX version, a storage error, a model that differs in a way the record "
+                "cannot show. Fix the cause and rerun."
+            ) from e
         state = out["state"]
         if typed:
             state = state.replace(rng=jax.random.wrap_key_data(state.rng, impl=record["rng_impl"]))
-        if loader is not None and kind is not None:
-            position = dict(out["input"])
-            if kind == "stream":
-                position["grain_state"] = out["input_stream"].state
-            loader.load_state_dict(position)
+        if loader is not None and (record.get("input") or record.get("input_kind")):
+            positions.apply(out, record, loader)
         return state
 
     def _check_compatible(self, step: int, record: dict, target: TrainState) -> None:
         saved = record.get("leaves", {})
-        want = _leaf_table(target)
+        want = rec.leaf_table(target)
         if set(saved) != set(want):
             missing = sorted(set(want) - set(saved))[:5]
             extra = sorted(set(saved) - set(want))[:5]
@@ -558,37 +515,58 @@ class Checkpointer:
                 )
 
     def restore_or_init(
-        self, engine: Any, model: Any, optimizer: Any, loader: Any = None
+        self,
+        engine: Any,
+        model: Any = None,
+        optimizer: Any = None,
+        loader: Any = None,
     ) -> tuple[TrainState, Any]:
         """Resume from the newest good checkpoint, or start fresh: ``(state, loader)``.
 
-        The state lands on ``engine``'s current mesh (any layout); ``loader`` is
-        positioned at the batch after the checkpoint's. Damaged checkpoints are reported
-        by name, moved to ``<directory>/damaged/``, and the previous one is tried.
+        ``engine`` is a `TrainPlan`, or an `Engine` with the ``model`` and ``optimizer``
+        to plan (``engine.plan(model, optimizer)``, which becomes its ``last_plan``). The
+        state lands on the plan's mesh (any layout); ``loader`` (default: the
+        constructor's) is positioned at the batch after the checkpoint's. A step proven
+        damaged is moved to ``<directory>/damaged/`` and the previous one is tried; a
+        second damaged step in the same start, and any other failure, raise
+        `CheckpointError` with every step left in place.
         """
-        self.engine = engine
-        target = self.abstract_state(engine, model, optimizer)
+        loader = self._loader(loader, "Checkpointer.restore_or_init(loader=...)")
+        if isinstance(engine, TrainPlan):
+            plan = engine
+        else:
+            self.engine = engine
+            plan = engine.plan(model, optimizer)
+        self.plan = plan
+        target = plan.abstract()
+        quarantined: int | None = None
         for step in reversed(self.all_steps()):
-            problem = self.validate(step)
-            if problem is None:
-                try:
-                    state = self.restore(step, target, loader)
-                except ConfigError:
-                    raise
-                except Exception as e:  # an unreadable file Orbax tripped over
-                    problem = f"restore failed with {type(e).__name__}: {e}"
-                else:
-                    self.resumed_step, self.resumed_from = step, self.step_dir(step)
-                    msg = f"resumed from checkpoint {self.step_dir(step)} (step {step})"
-                    log.info(msg)
-                    self._print(msg)
-                    return state, loader
-            self._quarantine(step, problem)
+            damage = self.verify(step)
+            if damage is not None:
+                if quarantined is not None:
+                    raise CheckpointError(
+                        f"checkpoint {self.step_dir(step)} is damaged too ({damage}), after "
+                        f"step {quarantined} was moved to {self.directory / DAMAGED_DIR}. "
+                        "Two damaged steps in a row point at a systemic problem (storage, "
+                        "an incomplete copy), so nothing more is moved: inspect the "
+                        "directory, then rerun."
+                    )
+                self._quarantine(step, damage)
+                quarantined = step
+                continue
+            state = self._restore(step, target, loader)
+            self.resumed_step, self.resumed_from = step, self.step_dir(step)
+            checked = has_manifest(self.step_dir(step)) and self.config.verify != "none"
+            how = "verified" if checked else "UNVERIFIED"
+            msg = f"resumed from checkpoint {self.step_dir(step)} (step {step}, {how})"
+            log.info(msg)
+            self._print(msg)
+            return state, loader
         self.resumed_step = self.resumed_from = None
         msg = f"no checkpoint in {self.directory}: starting from step 0"
         log.info(msg)
         self._print(msg)
-        return engine.prepare(model, optimizer), loader
+        return plan.init(), loader
 
     def _print(self, msg: str) -> None:
         if self.config.announce and jax.process_index() == 0:

@@ -30,7 +30,7 @@ import pathlib
 import sysconfig
 import threading
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import grain
 import jax
@@ -42,6 +42,39 @@ from jaxcore.errors import ConfigError
 log = logging.getLogger(__name__)
 
 MODES = ("pack", "pad")
+
+
+@runtime_checkable
+class ResumableLoader(Protocol):
+    """What `jaxcore.Checkpointer` needs from a loader: its position out, and back in.
+
+    ``get_state()`` returns the position (JSON-able data, or bytes as Grain's
+    ``DataLoader`` iterators give); ``set_state(state)`` makes the next batch the one
+    after it. `jaxcore.Loader`, Grain iterators (``iter(dataset)``) and
+    ``torchbridge.TorchLoader`` implement it.
+
+    An optional attribute ``step_indexed`` (default ``False``) says whether the position
+    is a function of the step alone, the same on every process: such a position is saved
+    once and a run may resume with another process count. Otherwise each process saves
+    its own, and resuming needs the same process count.
+    """
+
+    def get_state(self) -> Any: ...
+
+    def set_state(self, state: Any) -> None: ...
+
+
+def check_loader(loader: Any, where: str) -> None:
+    """Raise `ConfigError` unless ``loader`` implements `ResumableLoader`."""
+    if loader is None or isinstance(loader, ResumableLoader):
+        return
+    missing = [m for m in ("get_state", "set_state") if not callable(getattr(loader, m, None))]
+    raise ConfigError(
+        f"{where}: a {type(loader).__name__} cannot be checkpointed, it lacks "
+        f"{' and '.join(missing)}. Pass a jaxcore.Loader, a Grain iterator, a "
+        "torchbridge.TorchLoader, or give it get_state() -> position and "
+        "set_state(position) (jaxcore.ResumableLoader)."
+    )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -335,6 +368,19 @@ class Loader:
     def rows_per_epoch(self) -> int | None:
         """Rows in one epoch (random-access sources), ``None`` for streams."""
         return None if self._rows is None else self._rows.rows_per_epoch
+
+    @property
+    def step_indexed(self) -> bool:
+        """Whether the position is the step alone (random access), not per-process state."""
+        return not self.streaming
+
+    def get_state(self) -> dict[str, Any]:
+        """The position (`ResumableLoader`); the same as `state_dict`."""
+        return self.state_dict()
+
+    def set_state(self, state: dict[str, Any]) -> None:
+        """Continue from a `get_state` position (`ResumableLoader`)."""
+        self.load_state_dict(state)
 
     def state_dict(self) -> dict[str, Any]:
         """The position as JSON-able data (for streams, this process's Grain state)."""

@@ -7,9 +7,17 @@ Each child gets ``JAXCORE_COORDINATOR`` / ``JAXCORE_NUM_PROCESSES`` / ``JAXCORE_
 (read by `jaxcore.initialize`), and on CPU ``K`` fake devices (``XLA_FLAGS``) with gloo
 collectives; on GPU ``CUDA_VISIBLE_DEVICES`` gives each process its own K GPUs. Output is
 streamed line by line, prefixed ``[rank i]``. When one process fails, the others are
-stopped (SIGTERM, then SIGKILL after a grace period) and the launcher exits non-zero,
+stopped (SIGTERM, then SIGKILL after ``--grace``) and the launcher exits non-zero,
 naming the failing rank and showing its last lines -- the behaviour of torchrun's elastic
 agent (``torch/distributed/elastic/agent``), without restarts.
+
+Preemption: a SIGTERM to the launcher (a scheduler's notice) is forwarded to every rank,
+which then get ``--sigterm-grace`` seconds (default 120) to write their final checkpoint
+(`jaxcore.Checkpointer` saves the same step on all of them and exits with
+`PREEMPTION_EXIT_CODE`, 75). A rank that exits with 75 is not a failure: the others are
+given the same grace to follow. When every rank ended with 0 or 75, and at least one with
+75, the launcher exits 75 too, so the wrapper script can requeue the job; ranks still
+running when the grace ends are killed and the exit code is 143.
 
 ``--print-slurm`` / ``--print-tpu-pod`` print the sbatch script and the
 ``gcloud compute tpus tpu-vm ssh --worker=all`` command for the same script instead.
@@ -33,12 +41,16 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
+from jaxcore.checkpoint import PREEMPTION_EXIT_CODE
 from jaxcore.errors import ConfigError, JaxcoreError
 from jaxcore.runtime import MALLOC_TUNABLES, with_cpu_devices, with_malloc_tuning
 
 log = logging.getLogger(__name__)
 
 TAIL_LINES = 30
+SIGTERM_GRACE_S = 120.0  # seconds ranks get to save after a SIGTERM (GKE's default is 30,
+# Slurm's --signal lead time is chosen by the user; 120 s covers an async save of a few GB)
+_TOO_SLOW = -2  # _watch: ranks still running when the preemption grace ended
 
 
 class LaunchError(JaxcoreError):
@@ -55,17 +67,25 @@ class GroupResult:
         failed_rank: the first rank seen to fail (``None`` on success).
         returncodes: each rank's raw return code (negative: killed by that signal).
         tails: each rank's last output lines.
+        outlived_grace: ranks were still running when the grace after a SIGTERM ended
+            (they were killed, without a final checkpoint).
     """
 
     returncode: int
     failed_rank: int | None
     returncodes: tuple[int | None, ...]
     tails: tuple[tuple[str, ...], ...]
+    outlived_grace: bool = False
+
+    @property
+    def preempted(self) -> bool:
+        """Whether the ranks stopped for a preemption, having saved (exit code 75)."""
+        return self.returncode == PREEMPTION_EXIT_CODE
 
     def describe_failure(self) -> str:
         """A message naming the failing rank, how it ended, and its last output."""
         if self.failed_rank is None:
-            return "all processes succeeded"
+            return "preempted: every rank saved" if self.preempted else "all processes succeeded"
         rank = self.failed_rank
         code = self.returncodes[rank]
         how = (
@@ -150,12 +170,16 @@ def run_group(
     grace_s: float = 5.0,
     timeout_s: float | None = None,
     cwd: str | None = None,
+    stop: threading.Event | None = None,
+    sigterm_grace_s: float = SIGTERM_GRACE_S,
 ) -> GroupResult:
     """Run one command per rank, stream their output, stop all when one fails.
 
     Each child runs in its own session so that stopping it also stops what it started.
     ``timeout_s`` bounds the whole run (every rank is stopped and the result fails with
-    rank ``None`` reported as code 124).
+    rank ``None`` reported as code 124). Once ``stop`` is set (the launcher's SIGTERM),
+    every rank gets SIGTERM and ``sigterm_grace_s`` seconds to save and exit (see the
+    module docstring for the exit codes).
     """
     out = sys.stdout if out is None else out
     lock = threading.Lock()
@@ -181,37 +205,65 @@ def run_group(
             )
             t.start()
             threads.append(t)
-        failed = _watch(procs, timeout_s)
+        failed = _watch(procs, timeout_s, stop, sigterm_grace_s)
     except BaseException:  # Ctrl-C or an error here: never leave orphans behind
         _stop(procs, grace_s)
         raise
-    if failed is not None or any(p.poll() is None for p in procs):
-        _stop(procs, grace_s)
+    slow = [r for r, p in enumerate(procs) if p.poll() is None]
+    if failed is not None or slow:
+        # After the preemption grace the ranks already had their SIGTERM: kill at once.
+        _stop(procs, 0.0 if failed == _TOO_SLOW else grace_s)
     for t in threads:
         t.join(timeout=5)
     codes = tuple(p.poll() for p in procs)
+    final = tuple(tuple(t) for t in tails)
     if failed is None:
-        return GroupResult(0, None, codes, tuple(tuple(t) for t in tails))
+        return GroupResult(
+            PREEMPTION_EXIT_CODE if PREEMPTION_EXIT_CODE in codes else 0, None, codes, final
+        )
     if failed == -1:  # the overall timeout
-        return GroupResult(124, None, codes, tuple(tuple(t) for t in tails))
+        return GroupResult(124, None, codes, final)
+    if failed == _TOO_SLOW:
+        return GroupResult(128 + signal.SIGTERM, slow[0], codes, final, outlived_grace=True)
     code = codes[failed]
     rc = 128 - code if code is not None and code < 0 else (code or 1)
-    return GroupResult(rc, failed, codes, tuple(tuple(t) for t in tails))
+    return GroupResult(rc, failed, codes, final)
 
 
-def _watch(procs: list[subprocess.Popen], timeout_s: float | None) -> int | None:
-    """Wait until all succeed (``None``), one fails (its rank) or time runs out (-1)."""
+def _watch(
+    procs: list[subprocess.Popen],
+    timeout_s: float | None,
+    stop: threading.Event | None = None,
+    sigterm_grace_s: float = SIGTERM_GRACE_S,
+) -> int | None:
+    """Wait until all end well (``None``: 0 or 75), one fails (its rank), time runs out
+    (-1), or ranks outlive the preemption grace (``_TOO_SLOW``)."""
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    wind_down: float | None = None  # every rank must be gone by then (preemption)
+    forwarded = False
     while True:
         codes = [p.poll() for p in procs]
-        bad = [r for r, c in enumerate(codes) if c not in (None, 0)]
+        bad = [r for r, c in enumerate(codes) if c not in (None, 0, PREEMPTION_EXIT_CODE)]
         if bad:
             # Seen together: a rank killed by a signal is the likelier cause of the others'
             # errors (their collectives lost a peer), so name it.
             return min(bad, key=lambda r: (codes[r] > 0, r))
-        if all(c == 0 for c in codes):
+        if all(c is not None for c in codes):
             return None
-        if deadline is not None and time.monotonic() > deadline:
+        now = time.monotonic()
+        if stop is not None and stop.is_set() and not forwarded:
+            forwarded = True
+            log.warning("SIGTERM: forwarding it to every rank; %.0f s to save", sigterm_grace_s)
+            for p in procs:
+                if p.poll() is None:  # the rank only: its data workers must live to the save
+                    with contextlib.suppress(ProcessLookupError):
+                        p.send_signal(signal.SIGTERM)
+            wind_down = now + sigterm_grace_s if wind_down is None else wind_down
+        if wind_down is None and PREEMPTION_EXIT_CODE in codes:
+            wind_down = now + sigterm_grace_s  # one rank was preempted: the rest follow
+        if wind_down is not None and now > wind_down:
+            return _TOO_SLOW
+        if deadline is not None and now > deadline:
             return -1
         time.sleep(0.05)
 
@@ -242,8 +294,13 @@ def launch(
     grace_s: float = 5.0,
     out: TextIO | None = None,
     prefix: bool = True,
+    stop: threading.Event | None = None,
+    sigterm_grace_s: float = SIGTERM_GRACE_S,
 ) -> GroupResult:
-    """Run ``command`` (e.g. ``[python, script, *args]``) as ``num_processes`` ranks."""
+    """Run ``command`` (e.g. ``[python, script, *args]``) as ``num_processes`` ranks.
+
+    ``stop`` and ``sigterm_grace_s``: preemption, as in `run_group`.
+    """
     if num_processes < 1:
         raise ConfigError(f"num_processes={num_processes}: must be >= 1.")
     if devices_per_process is not None and devices_per_process < 1:
@@ -264,6 +321,8 @@ def launch(
         prefix=prefix,
         grace_s=grace_s,
         timeout_s=timeout_s,
+        stop=stop,
+        sigterm_grace_s=sigterm_grace_s,
     )
 
 
@@ -285,6 +344,9 @@ def slurm_script(args: argparse.Namespace) -> str:
 #SBATCH --gpus-per-task={gpus}
 #SBATCH --time={args.time}
 #SBATCH --output=%x-%j.out
+#SBATCH --open-mode=append
+#SBATCH --requeue
+#SBATCH --signal=TERM@180
 set -euo pipefail
 
 # jaxcore.initialize() lets JAX read SLURM_*: coordinator = first node of the step,
@@ -293,7 +355,15 @@ set -euo pipefail
 export GLIBC_TUNABLES="${{GLIBC_TUNABLES:-{MALLOC_TUNABLES}}}"
 export JAXCORE_INIT_TIMEOUT="${{JAXCORE_INIT_TIMEOUT:-600}}"
 
-srun --kill-on-bad-exit=1 {_run_line(args, "python")}
+# SIGTERM (--signal, preemption): every process saves the same step and exits
+# {PREEMPTION_EXIT_CODE}; requeue then, and the next run resumes from that checkpoint.
+rc=0
+srun --kill-on-bad-exit=1 {_run_line(args, "python")} || rc=$?
+if [ "$rc" -eq {PREEMPTION_EXIT_CODE} ]; then
+  scontrol requeue "$SLURM_JOB_ID"
+  exit 0
+fi
+exit "$rc"
 """
 
 
@@ -334,7 +404,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--init-timeout", type=float, default=120.0, help="seconds to wait for the coordinator"
     )
     p.add_argument("--timeout", type=float, default=None, help="seconds for the whole run")
-    p.add_argument("--grace", type=float, default=5.0, help="seconds between SIGTERM and SIGKILL")
+    p.add_argument(
+        "--grace",
+        type=float,
+        default=5.0,
+        help="when a rank fails: seconds between SIGTERM and SIGKILL for the others",
+    )
+    p.add_argument(
+        "--sigterm-grace",
+        type=float,
+        default=SIGTERM_GRACE_S,
+        help="when the launcher gets SIGTERM: seconds the ranks get to save and exit "
+        f"(they exit {PREEMPTION_EXIT_CODE}, and so does the launcher)",
+    )
     p.add_argument("--no-prefix", action="store_true", help="do not prefix lines with the rank")
     p.add_argument("-m", "--module", default=None, help="run a module (like python -m)")
     p.add_argument("--print-slurm", action="store_true", help="print an sbatch script and exit")
@@ -351,10 +433,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("script", nargs="?", help="the Python script to run")
     p.add_argument("script_args", nargs=argparse.REMAINDER, help="its arguments")
     return p
-
-
-def _terminated(signum: int, _frame: object) -> None:
-    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -375,9 +453,11 @@ def main(argv: list[str] | None = None) -> int:
     target = ["-m", args.module] if args.module else [args.script]
     command = [sys.executable, "-u", *target, *args.script_args]
     previous = None
+    stop = threading.Event()
     if threading.current_thread() is threading.main_thread():
-        # A scheduler's SIGTERM must stop the ranks too, not orphan them.
-        previous = signal.signal(signal.SIGTERM, _terminated)
+        # A scheduler's SIGTERM is a preemption notice for the ranks too: forward it (in
+        # _watch) and give them time to save, instead of orphaning or killing them.
+        previous = signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
     try:
         result = launch(
             command,
@@ -390,6 +470,8 @@ def main(argv: list[str] | None = None) -> int:
             timeout_s=args.timeout,
             grace_s=args.grace,
             prefix=not args.no_prefix,
+            stop=stop,
+            sigterm_grace_s=args.sigterm_grace,
         )
     except ConfigError as e:
         print(f"jaxcore launch: {e}", file=sys.stderr)
@@ -400,7 +482,20 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
-    if result.returncode == 124 and result.failed_rank is None:
+    if result.preempted:
+        print(
+            f"jaxcore launch: preempted: every rank saved and exited; exiting with "
+            f"{PREEMPTION_EXIT_CODE} (requeue the job to resume)",
+            file=sys.stderr,
+        )
+    elif result.outlived_grace:
+        print(
+            f"jaxcore launch: SIGTERM: rank {result.failed_rank} did not exit within "
+            f"--sigterm-grace={args.sigterm_grace} s and was killed (no final checkpoint). "
+            f"{result.describe_failure()}",
+            file=sys.stderr,
+        )
+    elif result.returncode == 124 and result.failed_rank is None:
         print(
             f"jaxcore launch: timed out after {args.timeout} s; stopped all ranks", file=sys.stderr
         )

@@ -93,7 +93,13 @@ class TorchLoader:
         engine: batches go through ``engine.shard_batch``; ``None`` yields NumPy.
         num_epochs: stop after this many epochs (``None``: run forever).
         prefetch: batches Grain prepares ahead in background threads.
+
+    It implements `jaxcore.ResumableLoader`, so ``jaxcore.Checkpointer`` saves and restores
+    its position; that position counts this process's batches, so a run resumes with the
+    same number of processes.
     """
+
+    step_indexed = False  # jaxcore.ResumableLoader: one position per process
 
     def __init__(
         self,

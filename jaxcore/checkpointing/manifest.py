@@ -1,23 +1,43 @@
-"""A per-checkpoint manifest of file sizes and CRC32s, and the check that reads it.
+"""A per-checkpoint manifest of file sizes and CRC32s, and the checks that read it.
 
-Orbax finalizes a step atomically, so a save killed half-way is never listed; what it
-cannot see is a finalized checkpoint whose files were later truncated or lost (a full
-disk, a half-copied bucket). The manifest, written once the step is final, lets a restore
-name such a checkpoint instead of failing inside a tensor read.
+The manifest is written into Orbax's temporary step directory just before the rename that
+finalizes the step (`jaxcore.checkpointing.atomic`), so a finalized step always carries
+one: a step is either verifiable or was never finalized. What Orbax's atomicity cannot
+see -- a finalized checkpoint whose files were later truncated, lost or corrupted (a full
+disk, a half-copied bucket, a bad sector) -- the manifest proves, file by file.
+
+Only the two files Orbax itself writes while finalizing (its step metadata and commit
+marker, at the top of the step) are outside the manifest: they are written after it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import logging
 import os
 import pathlib
 import zlib
 
-log = logging.getLogger(__name__)
-
 MANIFEST = "jaxcore_manifest.json"
 VERIFY_MODES = ("checksum", "size", "none")
+# Written by Orbax's finalize after the manifest (atomicity.AtomicRenameTemporaryPath).
+_FINALIZE_FILES = ("_CHECKPOINT_METADATA", "commit_success.txt")
+
+
+@dataclasses.dataclass(frozen=True)
+class Damage:
+    """Proof, from a step's own manifest, that one of its files is not what was written.
+
+    Attributes:
+        path: the file (or the manifest itself) that is wrong.
+        reason: what is wrong with it, in words.
+    """
+
+    path: pathlib.Path
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.path} {self.reason}"
 
 
 def crc32(path: pathlib.Path) -> int:
@@ -29,50 +49,74 @@ def crc32(path: pathlib.Path) -> int:
     return crc
 
 
-def file_table(root: pathlib.Path, checksum: bool) -> dict[str, dict[str, int]]:
-    """``relative path -> {"size", "crc32"?}`` for every file under ``root``."""
+def file_table(root: pathlib.Path) -> dict[str, dict[str, int]]:
+    """``relative path -> {"size", "crc32"}`` for every file of the step under ``root``."""
     out = {}
     for path in sorted(root.rglob("*")):
-        if not path.is_file() or path.name.startswith(MANIFEST):
+        rel = str(path.relative_to(root))
+        if not path.is_file() or rel.startswith(MANIFEST) or rel in _FINALIZE_FILES:
             continue
-        entry = {"size": path.stat().st_size}
-        if checksum:
-            entry["crc32"] = crc32(path)
-        out[str(path.relative_to(root))] = entry
+        out[rel] = {"size": path.stat().st_size, "crc32": crc32(path)}
     return out
 
 
 def write_manifest(root: pathlib.Path, step: int) -> None:
-    """Record the files of the finalized checkpoint ``root`` (atomically: tmp + rename)."""
-    table = file_table(root, checksum=True)
+    """Record the files of the (not yet renamed) step directory ``root``, durably."""
     tmp = root / f"{MANIFEST}.tmp"
-    tmp.write_text(json.dumps({"step": step, "files": table}, indent=1))
+    with open(tmp, "w") as f:
+        json.dump({"step": step, "files": file_table(root)}, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
     os.replace(tmp, root / MANIFEST)
 
 
-def check_files(root: pathlib.Path, verify: str) -> str | None:
-    """Why the files of ``root`` disagree with its manifest, or ``None`` when they agree.
+def has_manifest(root: pathlib.Path) -> bool:
+    """Whether the step ``root`` carries a manifest (steps of jaxcore <= 0.1 may not)."""
+    return (root / MANIFEST).exists()
 
-    A checkpoint without a manifest (its writer stopped right after Orbax finalized it)
-    passes with a warning: Orbax's own finalization is then the only guarantee.
-    """
-    if verify == "none":
-        return None
+
+def read_manifest(root: pathlib.Path) -> dict[str, dict[str, int]] | Damage:
+    """The manifest's file table, or the `Damage` of an unreadable manifest."""
     manifest = root / MANIFEST
-    if not manifest.exists():
-        log.warning("%s has no manifest (the writer stopped right after saving)", root)
-        return None
     try:
         files = json.loads(manifest.read_text())["files"]
-    except (OSError, ValueError, KeyError) as e:
-        return f"{manifest} is unreadable ({e})"
-    for rel, want in files.items():
-        path = root / rel
-        if not path.is_file():
-            return f"{path} is missing"
-        size = path.stat().st_size
-        if size != want["size"]:
-            return f"{path} has {size} bytes, {want['size']} were written"
-        if verify == "checksum" and crc32(path) != want["crc32"]:
-            return f"{path} fails its CRC32 check"
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return Damage(manifest, f"is unreadable ({type(e).__name__}: {e})")
+    if not isinstance(files, dict):
+        return Damage(manifest, "is unreadable (no file table)")
+    return files
+
+
+def check_file(root: pathlib.Path, rel: str, want: dict[str, int], verify: str) -> Damage | None:
+    """Whether one file of the step matches its manifest entry (``None``: it does)."""
+    path = root / rel
+    if not path.is_file():
+        return Damage(path, "is missing")
+    size = path.stat().st_size
+    if size != want.get("size"):
+        return Damage(path, f"has {size} bytes, {want.get('size')} were written")
+    if verify == "checksum" and crc32(path) != want.get("crc32"):
+        return Damage(path, "fails its CRC32 check (same size, different bytes)")
     return None
+
+
+def check_files(
+    root: pathlib.Path, verify: str, *, shard: tuple[int, int] = (0, 1)
+) -> tuple[Damage | None, int]:
+    """The first damaged file among this shard of the manifest, and the files checked.
+
+    ``shard=(i, n)`` checks every n-th file starting at i, so n processes share the reads
+    of one step; `verify='none'` checks nothing.
+    """
+    if verify == "none":
+        return None, 0
+    files = read_manifest(root)
+    if isinstance(files, Damage):
+        return files, 0
+    index, count = shard
+    names = sorted(files)[index::count]
+    for rel in names:
+        damage = check_file(root, rel, files[rel], verify)
+        if damage is not None:
+            return damage, len(names)
+    return None, len(names)

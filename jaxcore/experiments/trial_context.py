@@ -165,7 +165,7 @@ class TrialContext:
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         self._sigterm = True
         if self._checkpointer is not None:
-            self._checkpointer._sigterm = True  # its next save writes and exits with 75
+            self._checkpointer.request_preemption()  # its next save writes and exits with 75
 
     def should_stop(self) -> bool:
         """Whether the searcher (or an early-stopping policy) wants this trial to end."""
@@ -226,7 +226,8 @@ class TrialContext:
                 ),
                 run_config={"trial": self.trial_id, "hparams": self.hparams},
             )
-            self._checkpointer._sigterm = self._sigterm
+            if self._sigterm:
+                self._checkpointer.request_preemption()
         return self._checkpointer
 
     def checkpoint(

@@ -115,7 +115,7 @@ def test_sigkill_then_resume_repeats_the_losses_exactly(runs):
     assert first["a"][0] == 0 and first["b"][0] == -signal.SIGKILL
     code, _, err = second["b"]
     assert code == 0, err[-2000:]
-    assert f"resumed from checkpoint {t / 'b' / '8'} (step 8)" in err
+    assert f"resumed from checkpoint {t / 'b' / '8'} (step 8, verified)" in err
     rows = _assert_matches_straight(t, "b")
     assert [s for s, _ in rows] == list(range(1, 21))
     assert [loss for _, loss in rows] == [loss for _, loss in _losses(t / "a.jsonl")]
@@ -126,7 +126,7 @@ def test_kill_during_async_save_resumes_from_last_complete(runs):
     assert first["c"][0] == -signal.SIGKILL
     code, _, err = second["c"]
     assert code == 0, err[-2000:]
-    assert f"resumed from checkpoint {t / 'c' / '4'} (step 4)" in err
+    assert f"resumed from checkpoint {t / 'c' / '4'} (step 4, verified)" in err
     rows = _assert_matches_straight(t, "c")
     assert [s for s, _ in rows] == [*range(1, 9), *range(5, 13)]
     assert not any(p.name.startswith("8.") for p in (t / "c").iterdir()), "temp dir left"
@@ -139,6 +139,6 @@ def test_sigterm_saves_and_exits_with_preemption_code(runs):
     assert "preempted: saved step 7" in err
     code, _, err = second["d"]
     assert code == 0, err[-2000:]
-    assert f"resumed from checkpoint {t / 'd' / '7'} (step 7)" in err
+    assert f"resumed from checkpoint {t / 'd' / '7'} (step 7, verified)" in err
     rows = _assert_matches_straight(t, "d")
     assert [s for s, _ in rows] == list(range(1, 11))

@@ -118,8 +118,9 @@ def test_checkpoint_moves_between_pipeline_and_flat_layouts(
     save_layout, restore_layout, reference, tmp_path
 ):
     ref_losses, ref_params = reference
-    config = jc.CheckpointConfig(directory=tmp_path / "ckpt", async_save=False,
-                                 save_on_sigterm=False, announce=False)
+    config = jc.CheckpointConfig(
+        directory=tmp_path / "ckpt", async_save=False, save_on_sigterm=False, announce=False
+    )
     saver = jc.Engine(parallel=jc.ParallelConfig(**save_layout), microbatches=4)
     with jc.Checkpointer(config) as ckpt:
         first, state, _ = train(saver, BATCHES[:1])

@@ -1,0 +1,157 @@
+"""A checkpointing run that dies where it is told to; alone or under `jaxcore launch`.
+
+Usage: python tests/jaxcore/procs/ckpt_train.py DIR OUT --steps N [--die-at POINT:K]
+[--die-rank R] [--step-sleep S]
+
+Trains the tiny model on stdlib bytes (fsdp over all 8 devices: 1 x 8 or 2 x 4), saves
+every 2 steps (async), and on process 0 appends ``{"step", "loss"}`` per step and one
+``{"start": resumed step, "how": "verified"/...}`` per start to the JSON-lines file OUT.
+Each process writes ``DIR.pid<rank>`` at start. ``--die-at`` SIGKILLs process R (default
+0) at an exact point (K counts from this start):
+
+  startup:0        after joining the run, before anything is read
+  verify:K         while checking the K-th file of the manifest
+  restore:0        after the state is read, before the loader is positioned
+  train:K          after the K-th train step, before its save
+  saved:K          once the K-th save is finalized (a step to resume from exists)
+  save-inflight:K  right after the K-th save was started (async write in flight)
+  save-manifest:K  half-way through writing the K-th save's manifest (process 0)
+  save-rename:K    with the K-th save's manifest written, before Orbax's rename (process 0)
+"""
+
+import os
+import signal
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
+
+from jaxcore.distributed import initialize
+
+initialize()
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import time  # noqa: E402
+
+import jax  # noqa: E402
+import optax  # noqa: E402
+
+import jaxcore as jc  # noqa: E402
+from jaxcore.checkpointing import atomic, manifest, positions  # noqa: E402
+from jaxcore.models import Transformer, TransformerConfig, lm_loss  # noqa: E402
+
+CFG = TransformerConfig.tiny(max_seq_len=64)
+
+
+def die(where: str) -> None:
+    print(f"DYING at {where}", flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def counter(k: int, where: str):
+    """A function that SIGKILLs this process on its K-th call."""
+    calls = [0]
+
+    def tick(*_args) -> None:
+        calls[0] += 1
+        if calls[0] == k:
+            die(f"{where}:{k}")
+
+    return tick
+
+
+def inject(point: str, k: int) -> dict:
+    """Install the fault; returns hooks the training loop calls."""
+    hooks = {}
+    if point == "startup":
+        die("startup:0")
+    elif point == "verify":
+        tick, check = counter(k, "verify"), manifest.check_file
+        manifest.check_file = lambda *a, **kw: (tick(), check(*a, **kw))[1]
+        hooks["started"] = lambda: die(f"verify:{k} (there was nothing to verify)")
+    elif point == "restore":
+        positions.apply = lambda *a, **kw: die("restore:0")
+        hooks["started"] = lambda: die("restore:0 (there was nothing to restore)")
+    elif point == "train":
+        hooks["trained"] = counter(k, "train")
+    elif point == "saved":
+        hooks["saved"] = counter(k, "saved")
+        hooks["wait"] = True
+    elif point == "save-inflight":
+        hooks["saved"] = counter(k, "save-inflight")
+    elif point == "save-manifest":
+        tick, table = counter(k, "save-manifest"), manifest.file_table
+
+        def half_written(root, step):
+            text = json.dumps({"step": step, "files": table(root)})
+            (root / f"{manifest.MANIFEST}.tmp").write_text(text[: len(text) // 2])
+            tick()
+            manifest.write_manifest(root, step)
+
+        atomic.write_manifest = half_written
+    elif point == "save-rename":
+        atomic.before_rename = counter(k, "save-rename")
+    else:
+        raise SystemExit(f"unknown fault point {point!r}")
+    return hooks
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("dir")
+    p.add_argument("out")
+    p.add_argument("--steps", type=int, required=True)
+    p.add_argument("--die-at", default=None)
+    p.add_argument("--die-rank", type=int, default=0)
+    p.add_argument("--step-sleep", type=float, default=0.0)
+    a = p.parse_args()
+    rank = jax.process_index()
+    Path(f"{a.dir}.pid{rank}").write_text(str(os.getpid()))
+    hooks = {}
+    if a.die_at and rank == a.die_rank:
+        point, k = a.die_at.split(":")
+        hooks = inject(point, int(k))
+    nothing = lambda: None
+
+    engine = jc.Engine(parallel=jc.ParallelConfig(fsdp=-1), seed=0)
+    loader = jc.Loader(
+        jc.stdlib_source(max_files=30),
+        jc.InputConfig(global_batch_size=8, seq_len=16, seed=1),
+        engine.batch_sharding,
+    )
+    config = jc.CheckpointConfig(directory=a.dir, save_every_steps=2, keep_last=2)
+    out = open(a.out, "a") if rank == 0 else None  # noqa: SIM115
+    with jc.Checkpointer(config, engine=engine, loader=loader) as ckpt:
+        state, _ = ckpt.restore_or_init(
+            engine, lambda rngs: Transformer(CFG, rngs=rngs), optax.adamw(1e-3)
+        )
+        hooks.get("started", nothing)()
+        start = ckpt.resumed_step
+        if out is not None:
+            how = None if start is None else manifest.has_manifest(ckpt.resumed_from)
+            out.write(json.dumps({"start": start, "verified": how}) + "\n")
+            out.flush()
+        step_fn = engine.train_step(lm_loss)
+        step = int(state.step)
+        while step < a.steps:
+            state, metrics = step_fn(state, next(loader))
+            step += 1
+            loss = float(metrics["loss"])
+            if out is not None:
+                out.write(json.dumps({"step": step, "loss": loss}) + "\n")
+                out.flush()
+            print(f"step {step}", flush=True)
+            hooks.get("trained", nothing)()
+            if ckpt.save(state, step=step):
+                if hooks.get("wait"):
+                    ckpt.wait()
+                hooks.get("saved", nothing)()
+            time.sleep(a.step_sleep)
+    loader.close()
+    print("DONE", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

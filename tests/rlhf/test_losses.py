@@ -228,7 +228,7 @@ def test_grpo_token_loss(data, beta):
 def test_dpo_loss(seed, smoothing):
     pc, pr, rc, rr = np.random.default_rng(seed).normal(size=(4, 5)).astype(np.float32) * 5
     z = 0.1 * ((pc - pr) - (rc - rr))
-    logsig = lambda x: -np.log1p(np.exp(-x))  # noqa: E731
+    logsig = lambda x: -np.log1p(np.exp(-x))
     want = np.mean(-logsig(z) * (1 - smoothing) - logsig(-z) * smoothing)
     got, stats = L.dpo_loss(*map(jnp.asarray, (pc, pr, rc, rr)), label_smoothing=smoothing)
     np.testing.assert_allclose(got, want, rtol=1e-5)

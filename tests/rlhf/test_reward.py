@@ -19,7 +19,7 @@ def test_reward_model_reaches_90_percent_held_out():
     held_out = preference_pairs(128, 12, seed=999)
     before = float(evaluate(state, held_out)["accuracy"])
     for i in range(60):
-        state, metrics = step(state, preference_pairs(32, 12, seed=i))
+        state, _ = step(state, preference_pairs(32, 12, seed=i))
     after = float(evaluate(state, held_out)["accuracy"])
     print(f"held-out accuracy {before:.3f} -> {after:.3f}")
     assert after >= 0.9, (before, after)

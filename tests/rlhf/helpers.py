@@ -42,3 +42,19 @@ def preference_pairs(n: int, length: int, seed: int) -> dict[str, np.ndarray]:
         out["chosen_len"].append(lens[0])
         out["rejected_len"].append(lens[1])
     return {k: np.asarray(v, np.int32) for k, v in out.items()}
+
+
+def dpo_pairs(n: int, seed: int, prompt_len: int = 4, comp_len: int = 8) -> dict:
+    """Prompt + completion pairs: chosen completions are rich in GOOD, rejected hold none."""
+    rng = np.random.default_rng(seed)
+    prompts = rng.integers(4, VOCAB, size=(n, prompt_len))
+    chosen = rng.integers(4, VOCAB, size=(n, comp_len))
+    chosen[rng.random((n, comp_len)) < 0.5] = GOOD
+    rejected = rng.integers(4, VOCAB, size=(n, comp_len))
+    mask = np.concatenate([np.zeros((n, prompt_len)), np.ones((n, comp_len))], 1)
+    return {
+        "chosen": np.concatenate([prompts, chosen], 1).astype(np.int32),
+        "rejected": np.concatenate([prompts, rejected], 1).astype(np.int32),
+        "chosen_mask": mask.astype(np.float32),
+        "rejected_mask": mask.astype(np.float32),
+    }

@@ -69,7 +69,9 @@ def token_logprobs(model: Any, tokens: jax.Array) -> jax.Array:
     return chosen - jax.nn.logsumexp(logits, axis=-1)
 
 
-def token_entropy(model_logits: jax.Array) -> jax.Array:
-    """Entropy of each position's next-token distribution (a PPO/GRPO metric)."""
-    logp = jax.nn.log_softmax(model_logits.astype(jnp.float32), axis=-1)
-    return -jnp.sum(jnp.exp(logp) * logp, axis=-1)
+def logprobs_and_entropy(model: Any, tokens: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """`token_logprobs` and the entropy of each position's distribution, one forward."""
+    logits = model(tokens[:, :-1]).astype(jnp.float32)
+    logp_all = jax.nn.log_softmax(logits, axis=-1)
+    chosen = jnp.take_along_axis(logp_all, tokens[:, 1:, None], axis=-1)[..., 0]
+    return chosen, -jnp.sum(jnp.exp(logp_all) * logp_all, axis=-1)

@@ -58,3 +58,13 @@ def dpo_pairs(n: int, seed: int, prompt_len: int = 4, comp_len: int = 8) -> dict
         "chosen_mask": mask.astype(np.float32),
         "rejected_mask": mask.astype(np.float32),
     }
+
+
+def count_good(prompt, completion) -> float:
+    """Programmatic reward: the share of GOOD tokens in the completion (length-limited)."""
+    return sum(t == GOOD for t in completion) / 8.0
+
+
+def prompts(iteration: int, n: int = 4) -> list[list[int]]:
+    rng = np.random.default_rng(1000 + iteration)
+    return rng.integers(4, VOCAB, size=(n, 3)).tolist()

@@ -11,6 +11,7 @@ Training goes through `jaxcore.Engine` (any mesh, any ZeRO stage); generation th
 """
 
 from rlhf import losses
+from rlhf.checkpoint import latest_iteration, restore_trainer, save_trainer
 from rlhf.dpo import dpo_objective, sequence_logprob, with_reference
 from rlhf.grpo import GRPOConfig, GRPOTrainer
 from rlhf.kl import AdaptiveKLController, FixedKLController
@@ -42,6 +43,7 @@ __all__ = [
     "ScalarHeadModel",
     "chat_example",
     "dpo_objective",
+    "latest_iteration",
     "lm_factory",
     "logprob_scorer",
     "logprobs_and_entropy",
@@ -49,7 +51,9 @@ __all__ = [
     "pack",
     "pair_scores",
     "parity",
+    "restore_trainer",
     "reward_loss",
+    "save_trainer",
     "scalar_head_factory",
     "score_rollout",
     "sequence_logprob",

@@ -92,6 +92,14 @@ class GRPOTrainer:
         self._train = engine.train_step(self._loss)
         sampler.load(engine.bind(state))
 
+    def roles(self) -> dict[str, TrainState]:
+        """The states a checkpoint holds (`rlhf.save_trainer`)."""
+        return {"actor": self.state} | ({"reference": self.reference} if self.config.beta else {})
+
+    def set_roles(self, roles: dict[str, TrainState]) -> None:
+        self.state, self.reference = roles["actor"], roles.get("reference")
+        self.sampler.load(self.engine.bind(self.state))
+
     def _loss(self, model, batch, rng):
         del rng
         c = self.config

@@ -119,6 +119,18 @@ class PPOTrainer:
         self._critic_step = self.critic_engine.train_step(self._value_loss)
         sampler.load(self.actor_engine.bind(self.actor))
 
+    def roles(self) -> dict[str, TrainState]:
+        """The states a checkpoint holds (`rlhf.save_trainer`)."""
+        return {"actor": self.actor, "critic": self.critic, "reference": self.reference}
+
+    def set_roles(self, roles: dict[str, TrainState]) -> None:
+        self.actor, self.critic, self.reference = (
+            roles["actor"],
+            roles["critic"],
+            roles["reference"],
+        )
+        self.sampler.load(self.actor_engine.bind(self.actor))
+
     def _policy_loss(self, model, batch, rng):
         del rng
         c = self.config

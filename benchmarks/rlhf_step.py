@@ -39,7 +39,12 @@ def main() -> None:
     n, new = (8, 16) if args.quick else (32, 32)
     prompt_len = 8
     cfg = TransformerConfig(
-        vocab_size=64, d_model=64, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=128,
+        vocab_size=64,
+        d_model=64,
+        n_layers=2,
+        n_heads=4,
+        n_kv_heads=2,
+        d_ff=128,
         max_seq_len=prompt_len + new,
     )
     one = dict(parallel=jc.ParallelConfig(fsdp=1), devices=jax.devices()[:1])
@@ -47,7 +52,7 @@ def main() -> None:
     state = actor.prepare(lm_factory(cfg), optax.adam(1e-3))
     values = critic.prepare(scalar_head_factory(cfg), optax.adam(1e-3), seed=1)
     sampler = Sampler(cfg, state.params, ServingConfig(slots=n, max_len=prompt_len + new))
-    reward = lambda prompt, completion: completion.count(3) / new  # noqa: E731
+    reward = lambda prompt, completion: completion.count(3) / new
     trainer = PPOTrainer(
         (actor, state), (critic, values), sampler, reward, PPOConfig(max_tokens=new, ppo_epochs=4)
     )

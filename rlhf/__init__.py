@@ -1,0 +1,65 @@
+"""rlhf: SFT, reward models, DPO, GRPO and PPO on jaxcore, with rollouts through inference.
+
+    from rlhf import GRPOConfig, GRPOTrainer, Sampler, lm_factory
+    state = engine.prepare(lm_factory(cfg), optax.adam(1e-2))
+    trainer = GRPOTrainer(engine, state, Sampler(cfg, state.params), reward_fn,
+                          GRPOConfig(num_generations=4, max_tokens=8))
+    metrics = trainer.step(prompts)
+
+Training goes through `jaxcore.Engine` (any mesh, any ZeRO stage); generation through
+`inference` (continuous batching). This package adds no parallelism of its own.
+"""
+
+from rlhf import losses
+from rlhf.checkpoint import latest_iteration, restore_trainer, save_trainer
+from rlhf.dpo import dpo_objective, sequence_logprob, with_reference
+from rlhf.grpo import GRPOConfig, GRPOTrainer
+from rlhf.kl import AdaptiveKLController, FixedKLController
+from rlhf.models import (
+    ScalarHeadModel,
+    lm_factory,
+    logprobs_and_entropy,
+    scalar_head_factory,
+    token_logprobs,
+)
+from rlhf.ppo import PPOConfig, PPOTrainer
+from rlhf.reward import pair_scores, reward_loss
+from rlhf.rewards import ModelReward, score_rollout
+from rlhf.rollout import IdTokenizer, Rollout, Sampler
+from rlhf.scoring import logprob_scorer, parity, truncated_is_weights, value_scorer
+from rlhf.sft import chat_example, pack, sft_loss
+
+__all__ = [
+    "AdaptiveKLController",
+    "FixedKLController",
+    "GRPOConfig",
+    "GRPOTrainer",
+    "IdTokenizer",
+    "ModelReward",
+    "PPOConfig",
+    "PPOTrainer",
+    "Rollout",
+    "Sampler",
+    "ScalarHeadModel",
+    "chat_example",
+    "dpo_objective",
+    "latest_iteration",
+    "lm_factory",
+    "logprob_scorer",
+    "logprobs_and_entropy",
+    "losses",
+    "pack",
+    "pair_scores",
+    "parity",
+    "restore_trainer",
+    "reward_loss",
+    "save_trainer",
+    "scalar_head_factory",
+    "score_rollout",
+    "sequence_logprob",
+    "sft_loss",
+    "token_logprobs",
+    "truncated_is_weights",
+    "value_scorer",
+    "with_reference",
+]

@@ -1,0 +1,239 @@
+"""PPO with four roles: actor (trained), critic (a value head, trained), reference
+(frozen copy of the initial actor) and reward (Python functions and/or a reward model).
+
+One iteration, as TRL's ``PPOTrainer``: roll out with the sampler; score the rollout with
+the actor (old log-probs), the reference and the critic; per-token rewards are the
+sequence score on the last token minus ``kl_coef`` times the KL estimate; GAE gives
+advantages (whitened) and returns; then ``ppo_epochs`` passes of clipped policy and value
+updates over minibatches; the KL controller updates from the measured KL.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxcore import ConfigError, Engine, TrainState
+from rlhf import losses as L
+from rlhf.kl import AdaptiveKLController, FixedKLController
+from rlhf.models import logprobs_and_entropy
+from rlhf.rewards import as_weighted, score_rollout
+from rlhf.rollout import Sampler
+from rlhf.scoring import logprob_scorer, parity, truncated_is_weights, value_scorer
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PPOConfig:
+    """PPO settings (TRL ``PPOConfig`` defaults unless said).
+
+    Attributes:
+        max_tokens: completion length limit (TRL's ``response_length``).
+        temperature: sampling temperature.
+        ppo_epochs: passes over each rollout (4).
+        num_minibatches: minibatches per pass (1).
+        kl_coef: the KL penalty coefficient (0.05), or its initial value when adaptive.
+        kl_target: when set, Ziegler et al.'s adaptive controller with this target KL
+            (nats per sequence) and ``kl_horizon``; ``None`` keeps ``kl_coef`` fixed.
+        kl_estimator: ``k1`` (TRL's default) or ``k3``.
+        gamma, lam: GAE discount and lambda (1.0, 0.95).
+        clip_eps: policy ratio clip range (0.2); ``dual_clip``: Ye et al.'s bound (> 1).
+        value_clip: critic clip range around the rollout's values (0.2).
+        whiten_rewards: whiten per-token rewards (without shifting the mean) before GAE.
+        reward_clip: clamp sequence scores to ``[-reward_clip, reward_clip]``.
+        eos_id: end-of-sequence token: completions are cut after it.
+        missing_eos_penalty: subtracted from the score of completions without EOS.
+        tis_tolerance, tis_cap: truncated importance sampling when the sampler's and the
+            trainer's log-probs differ by more than the tolerance.
+        seed: seeds rollouts and minibatch shuffling.
+    """
+
+    max_tokens: int = 53
+    temperature: float = 1.0
+    ppo_epochs: int = 4
+    num_minibatches: int = 1
+    kl_coef: float = 0.05
+    kl_target: float | None = None
+    kl_horizon: int = 10_000
+    kl_estimator: str = "k1"
+    gamma: float = 1.0
+    lam: float = 0.95
+    clip_eps: float = 0.2
+    dual_clip: float | None = None
+    value_clip: float | None = 0.2
+    whiten_rewards: bool = False
+    reward_clip: float | None = None
+    eos_id: int | None = None
+    missing_eos_penalty: float | None = None
+    tis_tolerance: float = 1e-3
+    tis_cap: float = 2.0
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kl_estimator not in L.KL_ESTIMATORS:
+            raise ConfigError(
+                f"PPOConfig.kl_estimator={self.kl_estimator!r}: use one of {list(L.KL_ESTIMATORS)}."
+            )
+        if self.ppo_epochs < 1 or self.num_minibatches < 1 or self.max_tokens < 1:
+            raise ConfigError(
+                "PPOConfig: ppo_epochs, num_minibatches and max_tokens must be >= 1 (got "
+                f"{self.ppo_epochs}, {self.num_minibatches}, {self.max_tokens})."
+            )
+        if not (0 <= self.gamma <= 1 and 0 <= self.lam <= 1):
+            raise ConfigError(f"PPOConfig: gamma={self.gamma}, lam={self.lam} must be in [0, 1].")
+
+    def controller(self) -> FixedKLController | AdaptiveKLController:
+        if self.kl_target is None:
+            return FixedKLController(self.kl_coef)
+        return AdaptiveKLController(self.kl_coef, self.kl_target, self.kl_horizon)
+
+
+class PPOTrainer:
+    """The four roles and the controller, carried between iterations."""
+
+    def __init__(
+        self,
+        actor: tuple[Engine, TrainState],
+        critic: tuple[Engine, TrainState],
+        sampler: Sampler,
+        rewards: Any,
+        config: PPOConfig,
+        *,
+        reference: TrainState | None = None,
+    ):
+        (self.actor_engine, self.actor), (self.critic_engine, self.critic) = actor, critic
+        self.sampler, self.config = sampler, config
+        self.rewards = as_weighted(rewards)
+        # A separate copy: the actor's train step donates its state.
+        self.reference = jax.tree.map(jnp.copy, self.actor) if reference is None else reference
+        self.kl_ctl = config.controller()
+        self.iteration = 0
+        self._logp = logprob_scorer(self.actor_engine)
+        self._values = value_scorer(self.critic_engine)
+        self._actor_step = self.actor_engine.train_step(self._policy_loss)
+        self._critic_step = self.critic_engine.train_step(self._value_loss)
+        sampler.load(self.actor_engine.bind(self.actor))
+
+    def roles(self) -> dict[str, TrainState]:
+        """The states a checkpoint holds (`rlhf.save_trainer`)."""
+        return {"actor": self.actor, "critic": self.critic, "reference": self.reference}
+
+    def set_roles(self, roles: dict[str, TrainState]) -> None:
+        self.actor, self.critic, self.reference = (
+            roles["actor"],
+            roles["critic"],
+            roles["reference"],
+        )
+        self.sampler.load(self.actor_engine.bind(self.actor))
+
+    def _policy_loss(self, model, batch, rng):
+        del rng
+        c = self.config
+        logp, entropy = logprobs_and_entropy(model, batch["tokens"])
+        mask = batch["mask"]
+        # Truncated IS weights scale the advantages (constant per token).
+        adv = batch["advantages"] * batch["is_weight"]
+        loss, stats = L.policy_loss(
+            logp, batch["old_logp"], adv, mask, clip_eps=c.clip_eps, dual_clip=c.dual_clip
+        )
+        return loss, {**stats, "entropy": L.masked_mean(entropy, mask)}
+
+    def _value_loss(self, model, batch, rng):
+        del rng
+        values = model.values(batch["tokens"][:, :-1])
+        loss, frac = L.value_loss(
+            values,
+            batch["old_values"],
+            batch["returns"],
+            batch["mask"],
+            clip=self.config.value_clip,
+        )
+        return loss, {"value_clip_frac": frac}
+
+    def _advantages(self, scores, old, ref, values, mask):
+        c = self.config
+        kl = L.kl_estimate(old, ref, c.kl_estimator) * mask
+        rewards = L.ppo_rewards(scores, kl, mask, self.kl_ctl.value)
+        if c.whiten_rewards:
+            rewards = L.masked_whiten(rewards, mask, shift_mean=False)
+        adv, returns = L.gae(rewards, values, mask, c.gamma, c.lam)
+        return L.masked_whiten(adv, mask), returns, jnp.sum(kl, axis=1)
+
+    def step(self, prompts: Sequence[Sequence[int]]) -> dict[str, float]:
+        """One rollout and ``ppo_epochs`` of updates; returns the iteration's metrics."""
+        c = self.config
+        rollout = self.sampler.generate(
+            prompts,
+            max_tokens=c.max_tokens,
+            temperature=c.temperature,
+            seed=c.seed + self.iteration,
+        )
+        start = time.perf_counter()
+        mask = rollout.mask
+        old = self._logp(self.actor, rollout.tokens)
+        ref = self._logp(self.reference, rollout.tokens)
+        values = self._values(self.critic, rollout.tokens) * mask
+        check = parity(rollout.sampler_logp, old, mask)
+        is_weight = np.ones_like(old)
+        if check["logprob_diff_max"] > c.tis_tolerance:
+            is_weight = truncated_is_weights(old, rollout.sampler_logp, mask, c.tis_cap)
+        raw = score_rollout(self.rewards, rollout)
+        scores = L.missing_eos_penalty(
+            jnp.asarray(raw), jnp.asarray(rollout.has_eos), c.missing_eos_penalty
+        )
+        scores = L.clip_rewards(scores, c.reward_clip)
+        adv, returns, seq_kl = (
+            np.asarray(x)
+            for x in jax.jit(self._advantages)(
+                scores, jnp.asarray(old), jnp.asarray(ref), jnp.asarray(values), jnp.asarray(mask)
+            )
+        )
+        data = {
+            "tokens": rollout.tokens,
+            "mask": mask,
+            "old_logp": old,
+            "advantages": adv,
+            "is_weight": is_weight,
+            "old_values": values,
+            "returns": returns,
+        }
+        n = len(rollout.tokens)
+        if n % c.num_minibatches:
+            raise ConfigError(
+                f"PPO: {n} rollouts do not split into num_minibatches={c.num_minibatches}."
+            )
+        order = np.random.default_rng((c.seed, self.iteration))
+        sums: dict[str, float] = {}
+        for _ in range(c.ppo_epochs):
+            for idx in np.array_split(order.permutation(n), c.num_minibatches):
+                mb = {k: v[idx] for k, v in data.items()}
+                self.actor, pm = self._actor_step(self.actor, mb)
+                self.critic, vm = self._critic_step(self.critic, mb)
+                for k, v in {**pm, **{"value_" + k: v for k, v in vm.items()}}.items():
+                    sums[k] = sums.get(k, 0.0) + float(v)
+        steps = c.ppo_epochs * c.num_minibatches
+        self.sampler.load(self.actor_engine.bind(self.actor))
+        mean_kl = float(seq_kl.mean())
+        kl_coef = self.kl_ctl.value
+        self.kl_ctl.update(mean_kl, n)
+        self.iteration += 1
+        metrics = {k: v / steps for k, v in sums.items()}
+        return (
+            metrics
+            | check
+            | {
+                "kl": mean_kl,
+                "kl_coef": kl_coef,
+                "reward_mean": float(raw.mean()),
+                "reward_std": float(raw.std()),
+                "completion_length": float(mask.sum(1).mean()),
+                "rollout_tokens_per_s": rollout.completion_tokens / rollout.generate_seconds,
+                "generate_s": rollout.generate_seconds,
+                "train_s": time.perf_counter() - start,
+            }
+        )

@@ -1,0 +1,55 @@
+"""PPO saved after two iterations and resumed in a fresh trainer repeats the third."""
+
+import pytest
+
+import jaxcore as jc
+from inference import ServingConfig
+from rlhf import restore_trainer, save_trainer
+from rlhf.models import lm_factory, scalar_head_factory
+from rlhf.ppo import PPOConfig, PPOTrainer
+from rlhf.rollout import Sampler
+
+from .helpers import CFG, adam, count_good, engine, prompts
+
+CONFIG = PPOConfig(max_tokens=6, ppo_epochs=2, kl_target=1.0, kl_horizon=100)
+
+
+def fresh(actor, critic):
+    state = actor.prepare(lm_factory(CFG), adam(5e-3), seed=0)
+    values = critic.prepare(scalar_head_factory(CFG), adam(3e-3), seed=1)
+    sampler = Sampler(CFG, state.params, ServingConfig(slots=16, max_len=12))
+    return PPOTrainer((actor, state), (critic, values), sampler, count_good, CONFIG)
+
+
+def test_resume_repeats_the_uninterrupted_metrics(tmp_path):
+    actor, critic = engine(), engine()
+    run = fresh(actor, critic)
+    first = [run.step(prompts(i, 16)) for i in range(2)]
+    save_trainer(run, tmp_path)
+    third = run.step(prompts(2, 16))
+
+    resumed = fresh(actor, critic)
+    assert restore_trainer(resumed, tmp_path) == 2
+    assert resumed.kl_ctl.value == pytest.approx(run_kl(first))
+    again = resumed.step(prompts(2, 16))
+    for key in ("reward_mean", "kl", "kl_coef", "clip_frac", "approx_kl", "value_loss", "loss"):
+        assert again[key] == pytest.approx(third[key], rel=1e-6, abs=1e-7), key
+
+
+def run_kl(history):
+    """The controller's value after the saved iterations, recomputed from the metrics."""
+    from rlhf.kl import AdaptiveKLController
+
+    ctl = AdaptiveKLController(CONFIG.kl_coef, CONFIG.kl_target, CONFIG.kl_horizon)
+    for m in history:
+        ctl.update(m["kl"], 16)
+    return ctl.value
+
+
+def test_restore_without_checkpoint_says_how(tmp_path):
+    class Empty:
+        def roles(self):
+            return {}
+
+    with pytest.raises(jc.ConfigError, match="save_trainer"):
+        restore_trainer(Empty(), tmp_path)

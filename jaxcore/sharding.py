@@ -30,8 +30,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -217,8 +218,21 @@ def logical_sharding(
     return NamedSharding(mesh, logical_to_spec(tuple(names), shape, mesh, rules))
 
 
-def batch_spec(mesh: Mesh, rules: Rules) -> PartitionSpec:
-    """The one-entry spec of a batch's leading axis: the ``batch`` rule on ``mesh``."""
+@dataclasses.dataclass(frozen=True)
+class _AxisSizes:
+    """Stands in for a mesh where only axis sizes are known (a torch_xla mesh, say)."""
+
+    shape: Mapping[str, int]
+
+
+def batch_spec(mesh: Mesh | Mapping[str, int], rules: Rules = DEFAULT_RULES) -> PartitionSpec:
+    """The one-entry spec of a batch's leading axis: the ``batch`` rule on ``mesh``.
+
+    ``mesh`` may also be a mapping of mesh-axis sizes, for meshes that are not JAX's.
+    """
+    if isinstance(mesh, Mapping):
+        ways = math.prod(mesh.values())
+        return logical_to_spec((axes.BATCH,), (ways,), _AxisSizes(dict(mesh)), rules)
     return logical_sharding(mesh, rules, (axes.BATCH,)).spec
 
 

@@ -11,6 +11,7 @@ divergence check.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -207,25 +208,30 @@ class TrainStep:
             else DivergenceMonitor(cfg.nonfinite, cfg.max_consecutive_skips)
         )
         self._checker = plan.checker
-        self._last: TrainState | None = None  # the state this step returned last
-        self._host_step = 0  # its `step`, counted on the host (no device read per call)
+        # The state this step returned last, weakly: the step must not keep a run's
+        # arrays alive. Its `step` is counted on the host (no device read per call).
+        self._last: weakref.ref | None = None
+        self._host_step = 0
 
     def __call__(self, state: TrainState, batch: Any) -> tuple[TrainState, dict]:
         check_live(state, "train step")
         batch = self.plan._as_global(batch, self._checker)
-        if self._monitor is not None and state is not self._last:
+        if self._monitor is not None and (self._last is None or state is not self._last()):
             self._host_step = int(state.step)  # a state this step did not make: read once
         new_state, metrics = self.jitted(state, batch)
-        self._last = new_state
+        self._last = weakref.ref(new_state)
         if self._monitor is not None:
             self._host_step += 1
             self._monitor.record(self._host_step, metrics, new_state)
         return new_state, metrics
 
     def check(self) -> None:
-        """Wait for the steps in flight; raise `TrainingDivergedError` if one diverged."""
+        """Wait for the steps in flight; raise `TrainingDivergedError` if one diverged.
+
+        The error's ``state`` is the newest state this step returned, if still referenced.
+        """
         if self._monitor is not None:
-            self._monitor.check(self._last)
+            self._monitor.check(None if self._last is None else self._last())
 
 
 def _eval_fn(plan: TrainPlan, loss_fn: LossFn) -> Callable:

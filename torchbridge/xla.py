@@ -101,10 +101,10 @@ def shard_module(
 
 
 def shard_batch(batch: Any, mesh: Any) -> Any:
-    """Split the leading dimension of a batch tensor over ``data`` and ``fsdp``."""
+    """Split the leading dimension of a batch tensor by the rules table's ``batch`` rule."""
     import torch_xla.distributed.spmd as xs
 
     sizes = dict(zip(mesh.axis_names, mesh.mesh_shape, strict=True))
-    lead = tuple(a for a in ("data", "fsdp") if sizes[a] > 1) or None
+    lead = jc.batch_spec(sizes)[0]
     xs.mark_sharding(batch, mesh, (lead, *([None] * (batch.ndim - 1))))
     return batch

@@ -119,6 +119,23 @@ def test_eleven_consecutive_nan_steps_raise_under_skip():
     assert int(m["skipped"]) == 11
 
 
+@pytest.mark.parametrize("at_min_scale", [False, True])
+def test_fp16_overflow_counts_only_at_the_minimum_scale(at_min_scale):
+    # A gradient overflow with a finite loss is the loss scaler's business while the scale
+    # can still shrink; at the minimum scale it is divergence like any other.
+    scale = jc.LossScaleConfig(initial_scale=1.0 if at_min_scale else 2.0**16)
+    state, step = _setup(precision="fp16", loss_scale=scale)
+    for _ in range(11):
+        state, m = step(state, batch(poison=1.0))
+    assert int(m["skipped"]) == 11
+    if at_min_scale:
+        with pytest.raises(jc.TrainingDivergedError, match="11 consecutive"):
+            step.check()
+    else:
+        step.check()
+        assert int(m["consecutive_skips"]) == 0 and float(m["loss_scale"]) < 2.0**16
+
+
 def test_ignore_applies_the_update():
     state, step = _setup(nonfinite="ignore")
     state, m = step(state, batch(factor=np.nan))

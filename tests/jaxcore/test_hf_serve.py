@@ -7,7 +7,7 @@ import openai
 import pytest
 import torch
 
-from inference import LLM, EngineConfig
+from inference import LLM, ServingConfig
 from inference.server import BackgroundServer, create_app
 from tests.jaxcore import hf_models as H
 
@@ -26,7 +26,7 @@ def _reference_logprobs(model: torch.nn.Module, ids: list[int]) -> np.ndarray:
 @pytest.mark.parametrize("kind", sorted(H.CONFIGS))
 def test_served_hf_directory_matches_transformers_logprobs(kind, tmp_path):
     model, directory = H.save_model(kind, tmp_path / kind)
-    llm = LLM(str(directory), engine=EngineConfig(slots=2, max_len=64, prefill_buckets=(32,)))
+    llm = LLM(str(directory), engine=ServingConfig(slots=2, max_len=64, prefill_buckets=(32,)))
     server = BackgroundServer(create_app(llm, model_name=kind))
     try:
         client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)

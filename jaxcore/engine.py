@@ -182,10 +182,12 @@ class Engine:
         abs_opt = jax.eval_shape(optimizer.init, abs_params)
         opt_shardings = optax.tree_map_params(
             optimizer,
-            lambda _, s: s,
+            # optax.masked leaves a MaskedNode (no state) for unselected parameters.
+            lambda x, s: x if isinstance(x, optax.MaskedNode) else s,
             abs_opt,
             self.plan.opt,
             transform_non_params=lambda _: self._replicated,
+            is_leaf=lambda x: isinstance(x, optax.MaskedNode),
         )
         rep = self._replicated
         self.state_shardings = TrainState(

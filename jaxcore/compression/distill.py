@@ -1,0 +1,140 @@
+"""Knowledge distillation: train a student on a teacher's logits through the engine.
+
+The engine prepares one model, a `DistillPair` holding the student and the teacher, so
+both are sharded by the same rules table (ZeRO-3 shards the teacher too). `distill_optimizer`
+gives only the student an optimizer state (`optax.masked`: the teacher's entry is an empty
+node), and `distill_loss` runs the teacher's forward under ``stop_gradient``, so its
+gradients are structurally zero and XLA drops the teacher's backward pass.
+
+The loss (Hinton et al. 2015): ``alpha * T^2 * KL(softmax(t / T) || softmax(s / T)) +
+(1 - alpha) * CE(s, labels)``; the ``T^2`` keeps the soft term's gradients at the scale of
+the hard term's when the temperature changes. Averaged over real (unmasked) tokens.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import optax
+from flax import nnx
+
+from jaxcore.errors import BatchError, ConfigError
+
+
+class DistillPair(nnx.Module):
+    """A student and a teacher in one module (params ``{"student": ..., "teacher": ...}``)."""
+
+    def __init__(self, student: nnx.Module, teacher: nnx.Module):
+        self.student = student
+        self.teacher = teacher
+
+
+def distill_pair(
+    student: Callable[[nnx.Rngs], nnx.Module], teacher: Callable[[nnx.Rngs], nnx.Module]
+) -> Callable[[nnx.Rngs], DistillPair]:
+    """A model factory for ``engine.prepare`` (load trained teacher weights with
+    `load_teacher` afterwards)."""
+    return lambda rngs: DistillPair(student(rngs), teacher(rngs))
+
+
+def distill_optimizer(inner: optax.GradientTransformation) -> optax.GradientTransformation:
+    """``inner`` on the student only; the teacher gets no optimizer state and no update."""
+    only_student = optax.masked(inner, {"student": True, "teacher": False})
+    # masked passes the teacher's (zero, stop_gradient) updates through; set them to zero
+    # explicitly so no transformation can ever move the teacher.
+    return optax.chain(
+        only_student, optax.masked(optax.set_to_zero(), {"student": False, "teacher": True})
+    )
+
+
+def load_teacher(engine: Any, state: Any, teacher_params: Any) -> Any:
+    """``state`` with the teacher's parameters replaced by ``teacher_params``, placed on the
+    engine's shardings for them (e.g. from ``jc.read_params`` or another run's state)."""
+    shardings = engine.state_shardings.params["teacher"]
+    want = jax.tree.structure(state.params["teacher"])
+    if jax.tree.structure(teacher_params) != want:
+        raise ConfigError(
+            "load_teacher: teacher_params do not match the teacher model's parameters; "
+            f"expected the tree {want}."
+        )
+    for new, old in zip(jax.tree.leaves(teacher_params), jax.tree.leaves(state.params["teacher"])):
+        if new.shape != old.shape:
+            raise ConfigError(
+                f"load_teacher: a teacher parameter has shape {new.shape}, the teacher model "
+                f"has {old.shape}: build the pair's teacher with the config it was trained with."
+            )
+    placed = jax.tree.map(
+        lambda x, s, old: jax.device_put(jnp.asarray(x, old.dtype), s),
+        teacher_params,
+        shardings,
+        state.params["teacher"],
+    )
+    return state.replace(params={**state.params, "teacher": placed})
+
+
+def kd_loss(
+    student_logits: jax.Array,
+    teacher_logits: jax.Array,
+    targets: jax.Array,
+    mask: jax.Array,
+    *,
+    temperature: float,
+    alpha: float,
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """``alpha T^2 KL(teacher_T || student_T) + (1 - alpha) CE``, mean over ``mask``."""
+    s = student_logits.astype(jnp.float32)
+    t = jax.lax.stop_gradient(teacher_logits.astype(jnp.float32))
+    log_p_t = jax.nn.log_softmax(t / temperature, axis=-1)
+    log_p_s = jax.nn.log_softmax(s / temperature, axis=-1)
+    kl = jnp.sum(jnp.exp(log_p_t) * (log_p_t - log_p_s), axis=-1)
+    ce = optax.softmax_cross_entropy_with_integer_labels(s, targets)
+    weight = jnp.sum(mask)
+    denom = jnp.maximum(weight, 1.0)
+    kl_mean = jnp.sum(kl * mask) / denom
+    ce_mean = jnp.sum(ce * mask) / denom
+    loss = alpha * temperature**2 * kl_mean + (1.0 - alpha) * ce_mean
+    return loss, {"weight": weight, "kl": kl_mean, "ce": ce_mean}
+
+
+def distill_loss(
+    *, temperature: float = 2.0, alpha: float = 0.5
+) -> Callable[[Any, Any, jax.Array | None], tuple[jax.Array, dict[str, Any]]]:
+    """An ``engine.train_step`` loss for a `DistillPair` on ``{"tokens", "mask"?}`` batches.
+
+    Reports ``ce`` (the student's hard-label cross-entropy, comparable with `lm_loss`)
+    and ``kl`` next to the combined loss.
+    """
+    if not temperature > 0:
+        raise ConfigError(f"distill_loss(temperature={temperature!r}): must be positive.")
+    if not 0.0 <= alpha <= 1.0:
+        raise ConfigError(f"distill_loss(alpha={alpha!r}): must be in [0, 1].")
+
+    def loss_fn(pair: DistillPair, batch: dict[str, jax.Array], rng: jax.Array | None):
+        del rng
+        if "tokens" not in batch:
+            raise BatchError(
+                f"distill_loss: the batch has keys {sorted(batch)} but needs 'tokens' "
+                "(int array of shape (batch, length + 1)) and optionally 'mask'."
+            )
+        tokens = batch["tokens"]
+        inputs, targets = tokens[:, :-1], tokens[:, 1:]
+        mask = batch.get("mask")
+        mask = (
+            jnp.ones(targets.shape, jnp.float32)
+            if mask is None
+            else mask[:, 1:].astype(jnp.float32)
+        )
+        teacher_logits = jax.lax.stop_gradient(pair.teacher(inputs))
+        return kd_loss(
+            pair.student(inputs),
+            teacher_logits,
+            targets,
+            mask,
+            temperature=temperature,
+            alpha=alpha,
+        )
+
+    return loss_fn

@@ -58,6 +58,7 @@ __all__ = [
     "mask_structure",
     "method_report",
     "perplexity",
+    "qat_loss",
     "select",
     "shrink",
     "sparsity_report",

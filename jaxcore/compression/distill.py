@@ -60,7 +60,8 @@ def load_teacher(engine: Any, state: Any, teacher_params: Any) -> Any:
             "load_teacher: teacher_params do not match the teacher model's parameters; "
             f"expected the tree {want}."
         )
-    for new, old in zip(jax.tree.leaves(teacher_params), jax.tree.leaves(state.params["teacher"])):
+    old_leaves = jax.tree.leaves(state.params["teacher"])
+    for new, old in zip(jax.tree.leaves(teacher_params), old_leaves, strict=True):
         if new.shape != old.shape:
             raise ConfigError(
                 f"load_teacher: a teacher parameter has shape {new.shape}, the teacher model "

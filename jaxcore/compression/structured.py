@@ -122,7 +122,7 @@ def unit_scores(
 def _keep_count(total: int, fraction: float, what: str) -> int:
     if not 0.0 <= fraction < 1.0:
         raise ConfigError(f"select({what}={fraction!r}): the pruned fraction must be in [0, 1).")
-    return total - int(round(total * fraction))
+    return total - round(total * fraction)
 
 
 def _top(scores: np.ndarray, k: int) -> np.ndarray:

@@ -12,6 +12,7 @@ from jaxcore.compression.distill import (
     distill_pair,
     kd_loss,
     load_teacher,
+    student_from_teacher,
 )
 from jaxcore.compression.evaluate import decoding_weights_of, perplexity, text_batches
 from jaxcore.compression.int8 import CONTRACTED_AXES, fake_quant, int8_quantize, int8_scale
@@ -62,6 +63,7 @@ __all__ = [
     "select",
     "shrink",
     "sparsity_report",
+    "student_from_teacher",
     "text_batches",
     "unit_scores",
     "weight_bytes",

@@ -13,15 +13,19 @@ the hard term's when the temperature changes. Averaged over real (unmasked) toke
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from flax import nnx
 
 from jaxcore.errors import BatchError, ConfigError
+
+# The reference Transformer's per-layer (stacked) parameters.
+_STACKED = ("attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "w_gate", "w_up", "w_down")
 
 
 class DistillPair(nnx.Module):
@@ -139,3 +143,21 @@ def distill_loss(
         )
 
     return loss_fn
+
+
+def student_from_teacher(teacher_params: dict[str, Any], layers: Sequence[int]) -> dict[str, Any]:
+    """Initial student weights: the teacher's embedding, norms and head, and the stacked
+    block weights of the teacher layers ``layers`` (DistilBERT, Sanh et al. 2019, takes
+    every other layer). The student config is the teacher's with ``n_layers=len(layers)``.
+    """
+    index = np.asarray(layers, np.int32)
+    depth = np.shape(teacher_params["wq"])[0]
+    if index.size == 0 or index.min() < 0 or index.max() >= depth:
+        raise ConfigError(
+            f"student_from_teacher(layers={list(layers)}): pick layers in 0..{depth - 1} "
+            "of the teacher (e.g. range(0, depth, 2))."
+        )
+    return {
+        name: (jnp.take(w, index, axis=0) if name in _STACKED else w)
+        for name, w in teacher_params.items()
+    }

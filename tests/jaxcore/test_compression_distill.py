@@ -19,8 +19,11 @@ from jaxcore.compression import (
     distill_pair,
     kd_loss,
     load_teacher,
+    perplexity,
+    student_from_teacher,
+    text_batches,
 )
-from jaxcore.models import Transformer, TransformerConfig
+from jaxcore.models import Transformer, TransformerConfig, lm_loss
 from tests.jaxcore.helpers import host, make_batch
 
 
@@ -91,3 +94,60 @@ def test_teacher_is_sharded_has_no_optimizer_state_and_never_moves():
     assert min(jax.tree.leaves(moved)) > 0
     with pytest.raises(jc.ConfigError, match="shape"):
         load_teacher(engine, state, host(state.params["student"]))
+
+
+# ---------------------------------------------------------------- student vs scratch
+SEQ, BATCH = 32, 8
+TEACHER = TransformerConfig.tiny(n_layers=4, max_seq_len=SEQ)
+STUDENT = TransformerConfig.tiny(n_layers=2, max_seq_len=SEQ)
+BUDGET = 40  # student steps, the same for both
+
+
+def test_distilled_half_depth_student_beats_scratch_on_held_out_text():
+    source = jc.stdlib_source(max_files=60)
+    train_docs, held_docs = range(50), range(50, 60)  # disjoint files
+    held_out = text_batches(source, held_docs, batch=32, seq_len=SEQ, count=4, seed=99)
+    one = jax.devices()[:1]
+
+    def engine():
+        return jc.Engine(parallel=jc.ParallelConfig(fsdp=-1), devices=one, zero=0)
+
+    def batches(count, seed):
+        return text_batches(source, train_docs, batch=BATCH, seq_len=SEQ, count=count, seed=seed)
+
+    teacher_engine = engine()
+    state = teacher_engine.prepare(lambda r: Transformer(TEACHER, rngs=r), optax.adamw(3e-3))
+    step = teacher_engine.train_step(lm_loss)
+    for b in batches(150, seed=7):
+        state, _ = step(state, {"tokens": b})
+    teacher = host(state.params)
+    teacher_loss = np.log(perplexity(TEACHER, teacher, held_out))
+
+    for seed in (0, 1):
+        scratch_engine = engine()
+        scratch = scratch_engine.prepare(
+            lambda r: Transformer(STUDENT, rngs=r), optax.adamw(3e-3), seed=seed
+        )
+        step = scratch_engine.train_step(lm_loss)
+        for b in batches(BUDGET, seed):
+            scratch, _ = step(scratch, {"tokens": b})
+        scratch_loss = np.log(perplexity(STUDENT, host(scratch.params), held_out))
+
+        kd_engine = engine()
+        pair = distill_pair(
+            lambda r: Transformer(STUDENT, rngs=r), lambda r: Transformer(TEACHER, rngs=r)
+        )
+        state = kd_engine.prepare(pair, distill_optimizer(optax.adamw(3e-3)), seed=seed)
+        state = load_teacher(kd_engine, state, teacher)
+        start = student_from_teacher(teacher, layers=range(0, TEACHER.n_layers, 2))
+        params = {**state.params, "student": start}
+        state = state.replace(params=jax.device_put(params, kd_engine.state_shardings.params))
+        step = kd_engine.train_step(distill_loss(temperature=2.0, alpha=0.5))
+        for b in batches(BUDGET, seed):
+            state, _ = step(state, {"tokens": b})
+        student_loss = np.log(perplexity(STUDENT, host(state.params["student"]), held_out))
+        print(
+            f"seed {seed}: teacher {teacher_loss:.3f} distilled {student_loss:.3f} "
+            f"scratch {scratch_loss:.3f} (held-out nats/byte)"
+        )
+        assert student_loss < scratch_loss, (seed, student_loss, scratch_loss)

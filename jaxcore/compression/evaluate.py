@@ -9,6 +9,7 @@ package's int8 weights are evaluated exactly as they are served: pass
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -68,13 +69,20 @@ def perplexity(
     weights = decoding_weights_of(params, cfg)
     if transform is not None:
         weights = transform(weights)
+    total = _summed_nll(cfg, matmul)
+    nll = sum(float(total(weights, jnp.asarray(b))) for b in batches)
+    tokens = sum(b.shape[0] * (b.shape[1] - 1) for b in batches)
+    return float(np.exp(nll / tokens))
 
-    @jax.jit
+
+@functools.lru_cache(maxsize=32)
+def _summed_nll(cfg: TransformerConfig, matmul: Matmul) -> Callable:
+    """One jitted ``(weights, tokens) -> summed NLL`` per config and hook (compiled once
+    per shape, not once per call)."""
+
     def total(weights, tokens):
         logits, _ = prefill(cfg, weights, tokens[:, :-1], matmul=matmul)
         ce = optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:])
         return jnp.sum(ce)
 
-    nll = sum(float(total(weights, jnp.asarray(b))) for b in batches)
-    tokens = sum(b.shape[0] * (b.shape[1] - 1) for b in batches)
-    return float(np.exp(nll / tokens))
+    return jax.jit(total)

@@ -21,14 +21,22 @@ from jaxcore.checkpointing.portable import (
 )
 from jaxcore.distributed import ClusterSettings, CoordinatorTimeoutError, detect, initialize
 from jaxcore.engine import Engine, EngineConfig
-from jaxcore.errors import BatchError, ConfigError, JaxcoreError
+from jaxcore.errors import (
+    BatchError,
+    ConfigError,
+    JaxcoreError,
+    StateError,
+    TrainingDivergedError,
+)
 from jaxcore.gather import EvalGatherer, gather
 from jaxcore.input import InputConfig, Loader, StdlibSource, stdlib_source
 from jaxcore.launch import LaunchError
 from jaxcore.mesh import MESH_AXES, ParallelConfig, build_mesh
 from jaxcore.metrics import MeanMetrics
+from jaxcore.nonfinite import NonFiniteState
 from jaxcore.notebook import notebook_launcher
 from jaxcore.pipeline import PipelineConfig, scan_layers
+from jaxcore.plan import TrainPlan
 from jaxcore.precision import LossScaleConfig, PrecisionPolicy
 from jaxcore.profiling import (
     StepMeter,
@@ -41,8 +49,16 @@ from jaxcore.progress import TrainProgress
 from jaxcore.remat import checkpoint_block
 from jaxcore.runtime import ensure_malloc_tuning
 from jaxcore.seeding import process_key, seed_everything
-from jaxcore.sharding import DEFAULT_RULES, constrain, per_device_bytes
+from jaxcore.sharding import (
+    DEFAULT_RULES,
+    ShardingPlan,
+    batch_spec,
+    constrain,
+    logical_sharding,
+    per_device_bytes,
+)
 from jaxcore.state import TrainState
+from jaxcore.step import EvalStep, TrainStep
 
 __version__ = "0.1.0"
 
@@ -74,6 +90,7 @@ __all__ = [
     "Engine",
     "EngineConfig",
     "EvalGatherer",
+    "EvalStep",
     "InputConfig",
     "JaxcoreError",
     "LaunchError",
@@ -81,15 +98,22 @@ __all__ = [
     "LossScaleConfig",
     "MeanMetrics",
     "ModelAdapter",
+    "NonFiniteState",
     "ParallelConfig",
     "PipelineConfig",
     "PrecisionPolicy",
     "Preempted",
+    "ShardingPlan",
+    "StateError",
     "StdlibSource",
     "StepMeter",
+    "TrainPlan",
     "TrainProgress",
     "TrainState",
+    "TrainStep",
+    "TrainingDivergedError",
     "axes",
+    "batch_spec",
     "build_mesh",
     "checkpoint_block",
     "compile_estimate",
@@ -100,6 +124,7 @@ __all__ = [
     "gather",
     "initialize",
     "load_params",
+    "logical_sharding",
     "measure_matmul_peak",
     "memory_report",
     "models",

@@ -35,6 +35,9 @@ class ModelAdapter:
             or ``None`` for parameters without names (the automatic rule shards them).
         initial: concrete ``(params, model_state)`` when the model was built eagerly;
             the engine then places these arrays instead of calling ``init``.
+        vocab_size: token ids the model embeds, ``[0, vocab_size)`` (``None``: unknown);
+            the engine checks batches against it.
+        max_seq_len: the longest sequence the model takes (``None``: unknown).
     """
 
     init: Callable[[jax.Array], tuple[Any, Any]]
@@ -43,6 +46,8 @@ class ModelAdapter:
     abstract: tuple[Any, Any]
     logical_axes: Any
     initial: tuple[Any, Any] | None = None
+    vocab_size: int | None = None
+    max_seq_len: int | None = None
 
 
 def _axes_of(variable: nnx.Variable) -> tuple | None:
@@ -54,11 +59,21 @@ def _axes_of(variable: nnx.Variable) -> tuple | None:
     return None
 
 
+def _token_limits(module: nnx.Module) -> dict[str, int | None]:
+    """``vocab_size`` and ``max_seq_len`` from a model's config (``cfg`` or ``config``)."""
+    cfg = getattr(module, "cfg", None) or getattr(module, "config", None)
+    out = {}
+    for name in ("vocab_size", "max_seq_len"):
+        value = getattr(cfg, name, None)
+        out[name] = value if isinstance(value, int) and not isinstance(value, bool) else None
+    return out
+
+
 def _split(module: nnx.Module):
     return nnx.split(module, nnx.Param, ...)
 
 
-def _nnx_adapter(graphdef, abs_params, abs_rest, init, initial=None) -> ModelAdapter:
+def _nnx_adapter(graphdef, abs_params, abs_rest, init, initial=None, limits=None) -> ModelAdapter:
     def bind(params: Any, model_state: Any) -> nnx.Module:
         p = jax.tree.map(lambda x: x, abs_params)
         nnx.replace_by_pure_dict(p, params)
@@ -82,6 +97,7 @@ def _nnx_adapter(graphdef, abs_params, abs_rest, init, initial=None) -> ModelAda
         abstract=(shapes(abs_params), shapes(abs_rest)),
         logical_axes=nnx.to_pure_dict(names),
         initial=initial,
+        **(limits or {}),
     )
 
 
@@ -106,7 +122,7 @@ def from_nnx_factory(factory: Callable[[nnx.Rngs], nnx.Module]) -> ModelAdapter:
         _, params, rest = _split(factory(nnx.Rngs(key)))
         return nnx.to_pure_dict(params), nnx.to_pure_dict(rest)
 
-    return _nnx_adapter(graphdef, abs_params, abs_rest, init)
+    return _nnx_adapter(graphdef, abs_params, abs_rest, init, limits=_token_limits(abstract_module))
 
 
 def from_nnx_module(module: nnx.Module) -> ModelAdapter:
@@ -120,7 +136,9 @@ def from_nnx_module(module: nnx.Module) -> ModelAdapter:
 
     abs_params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
     abs_rest = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), rest)
-    return _nnx_adapter(graphdef, abs_params, abs_rest, init, initial=initial)
+    return _nnx_adapter(
+        graphdef, abs_params, abs_rest, init, initial=initial, limits=_token_limits(module)
+    )
 
 
 def as_adapter(model: Any) -> ModelAdapter:

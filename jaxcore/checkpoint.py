@@ -488,15 +488,10 @@ class Checkpointer:
     def abstract_state(self, engine: Any, model: Any, optimizer: Any) -> TrainState:
         """The state ``engine.prepare`` would build, as sharded ``ShapeDtypeStruct``s.
 
-        Nothing is initialised: `jax.eval_shape` traces ``prepare`` (which also sets up
-        ``engine.state_shardings`` for the steps built afterwards).
+        Nothing is initialised: ``engine.plan(...).abstract()`` (the plan becomes the
+        engine's ``last_plan``, which the steps built afterwards use).
         """
-        shapes = jax.eval_shape(lambda: engine.prepare(model, optimizer))
-        return jax.tree.map(
-            lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-            shapes,
-            engine.state_shardings,
-        )
+        return engine.plan(model, optimizer).abstract()
 
     def read_record(self, step: int) -> dict[str, Any]:
         """The JSON record (``meta``) of a step."""

@@ -301,15 +301,10 @@ def compiled_flops(compiled: Any) -> float | None:
 def abstract_state(engine: Any, model: Any, optimizer: Any) -> Any:
     """The `TrainState` ``engine.prepare`` would build, as sharded ``ShapeDtypeStruct``s.
 
-    Runs ``prepare`` under ``jax.eval_shape``: the shardings are planned but no parameter
-    is initialised, so this works for models larger than the host.
+    ``engine.plan(...).abstract()``: the shardings are planned but no parameter is
+    initialised, so this works for models larger than the host.
     """
-    shapes = jax.eval_shape(lambda: engine.prepare(model, optimizer))
-    return jax.tree.map(
-        lambda s, sh: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh),
-        shapes,
-        engine.state_shardings,
-    )
+    return engine.plan(model, optimizer).abstract()
 
 
 def abstract_batch(engine: Any, batch: Any) -> Any:
@@ -334,9 +329,9 @@ def compile_estimate(
     is allocated on the devices, so the engine may be built on a topology description
     (`topology_devices`) of hardware this host does not have.
     """
-    state = abstract_state(engine, model, optimizer)
-    step = engine.train_step(loss_fn)
-    compiled = step.jitted.lower(state, abstract_batch(engine, batch)).compile()
+    plan = engine.plan(model, optimizer)
+    step = plan.train_step(loss_fn)
+    compiled = step.jitted.lower(plan.abstract(), abstract_batch(engine, batch)).compile()
     return estimate_from_compiled(compiled)
 
 

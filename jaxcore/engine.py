@@ -1,12 +1,13 @@
-"""The Engine: prepare a model and optimizer on a mesh, and build jitted train/eval steps.
+"""The Engine: a mesh and a run config, from which models are planned onto devices.
 
-The engine composes the small modules around it (mesh, sharding rules, precision, remat,
-train state) and owns no parallelism logic itself: data, ZeRO 1-3 and tensor parallelism
-all come from the mesh plus the rules table, so the step below is the only code path.
+The engine composes the small modules around it (mesh, sharding rules, precision, remat)
+and owns no parallelism logic itself: data, ZeRO 1-3, tensor and pipeline parallelism all
+come from the mesh plus the rules table. ``engine.plan(model, optimizer)`` returns an
+immutable `jaxcore.TrainPlan`; ``prepare`` is the short path (``plan`` + ``init``):
 
     engine = Engine(parallel=ParallelConfig(fsdp=-1, tensor=2), zero=3, precision="bf16")
     state = engine.prepare(lambda rngs: Transformer(cfg, rngs=rngs), optax.adamw(3e-4))
-    step = engine.train_step(lm_loss)
+    step = engine.train_step(lm_loss)   # the step of engine.last_plan
     state, metrics = step(state, batch)
 """
 
@@ -14,27 +15,27 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import jax
-import jax.numpy as jnp
-import numpy as np
 import optax
-from jax.sharding import NamedSharding, PartitionSpec
+from jax.sharding import NamedSharding
 
-from jaxcore import context, remat
+from jaxcore import nonfinite, remat
 from jaxcore import sharding as shd
-from jaxcore.adapters import ModelAdapter, as_adapter
-from jaxcore.errors import BatchError, ConfigError
-from jaxcore.mesh import BATCH_AXES, ParallelConfig, batch_parallelism, build_mesh
+from jaxcore.adapters import ModelAdapter
+from jaxcore.batch_checks import BatchChecker
+from jaxcore.errors import ConfigError
+from jaxcore.mesh import ParallelConfig, build_mesh
 from jaxcore.pipeline import SCHEDULES, PipelineConfig
-from jaxcore.precision import LossScaleConfig, LossScaleState, all_finite, get_policy
+from jaxcore.plan import Trainable, TrainPlan, batch_contract, make_plan
+from jaxcore.plan import shard_batch as _shard_batch
+from jaxcore.precision import LossScaleConfig, get_policy
 from jaxcore.state import TrainState
+from jaxcore.step import EvalStep, LossFn, TrainStep
 
 log = logging.getLogger(__name__)
-
-LossFn = Callable[[Any, Any, jax.Array | None], tuple[jax.Array, dict[str, Any]]]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -59,6 +60,14 @@ class EngineConfig:
             many microbatches instead of nesting a second loop.
         pipeline_schedule: ``gpipe`` or ``circular`` (interleaved layer chunks per stage).
         pipeline_repeats: layer chunks per stage for ``circular`` (default 2).
+        nonfinite: what a step whose loss or gradient norm is not finite does: ``skip``
+            (keep the old state, count ``metrics["skipped"]``), ``raise``, or ``ignore``
+            (see `jaxcore.nonfinite`).
+        max_consecutive_skips: under ``skip``, this many skipped steps in a row are
+            tolerated; one more raises `jaxcore.TrainingDivergedError`.
+        check_batches: check token arrays (integer dtype, 2-d, length within the model's
+            ``max_seq_len``, ids in ``[0, vocab_size)``) before they reach the step.
+        token_keys: the batch keys that hold token ids.
     """
 
     parallel: ParallelConfig = dataclasses.field(default_factory=ParallelConfig)
@@ -74,6 +83,10 @@ class EngineConfig:
     microbatches: int | None = None
     pipeline_schedule: str = "gpipe"
     pipeline_repeats: int | None = None
+    nonfinite: str = "skip"
+    max_consecutive_skips: int = 10
+    check_batches: bool = True
+    token_keys: tuple[str, ...] = ("tokens", "input_ids", "labels")
 
     def __post_init__(self) -> None:
         if not isinstance(self.parallel, ParallelConfig):
@@ -108,6 +121,7 @@ class EngineConfig:
             )
         if self.microbatches is not None and self.microbatches < 1:
             raise ConfigError(f"microbatches={self.microbatches}: must be >= 1.")
+        nonfinite.validate(self.nonfinite, self.max_consecutive_skips)
 
     def pipeline_config(self, stages: int) -> PipelineConfig | None:
         """The schedule for ``stages`` pipeline stages (``None`` without a pipeline)."""
@@ -121,7 +135,14 @@ class EngineConfig:
 
 
 class Engine:
-    """Prepares a model and optimizer on a mesh and builds jitted, sharded steps."""
+    """A mesh plus a run config: plans models onto the devices.
+
+    The engine holds no per-model state of its own except ``last_plan``, the plan made by
+    the latest `plan` or `prepare` call. The short-path helpers (``train_step``,
+    ``eval_step``, ``bind``, ``state_shardings``, ``model``) read that plan when they are
+    called; a step already built keeps the plan it was built from, so making another plan
+    never changes what an existing step runs. With several models, hold their plans.
+    """
 
     def __init__(
         self,
@@ -140,324 +161,99 @@ class Engine:
         remat.validate_policy(config.remat, self.mesh.devices.flat[0])
         self.rules = shd.validate_rules(config.rules, self.mesh.axis_names)
         self.pipeline = config.pipeline_config(self.mesh.shape["pipeline"])
-        self.model: ModelAdapter | None = None
-        self.optimizer: optax.GradientTransformation | None = None
-        self.plan: shd.ShardingPlan | None = None
-        self.state_shardings: TrainState | None = None
-        batch_axes = tuple(a for a in BATCH_AXES if self.mesh.shape[a] > 1)
-        self._batch_spec = PartitionSpec(batch_axes or None)
-        self.batch_sharding = NamedSharding(self.mesh, self._batch_spec)
-        self._replicated = NamedSharding(self.mesh, PartitionSpec())
+        # The batch's layout is the rules table's `batch` rule: no model needed.
+        self.batch_sharding = NamedSharding(self.mesh, shd.batch_spec(self.mesh, self.rules))
+        self.last_plan: TrainPlan | None = None
+        self._checker = BatchChecker(batch_contract(config, self.mesh, self.rules, self.pipeline))
 
-    # ----------------------------------------------------------------- preparation
-    def prepare(
-        self, model: Any, optimizer: optax.GradientTransformation, *, seed: int | None = None
-    ) -> TrainState:
-        """Place a model and optimizer on the mesh; return the initial `TrainState`.
+    # ----------------------------------------------------------------- planning
+    def plan(
+        self,
+        model: Any,
+        optimizer: optax.GradientTransformation,
+        *,
+        trainable: Trainable | None = None,
+    ) -> TrainPlan:
+        """Plan ``model`` and ``optimizer`` on this engine's mesh; nothing is allocated.
 
-        ``model`` is preferably a factory ``rngs -> nnx.Module``: its parameters are then
-        initialised inside ``jit`` with output shardings, so no device ever holds more
-        than its shard. A built ``nnx.Module`` or a `ModelAdapter` work too.
+        ``model`` is preferably a factory ``rngs -> nnx.Module`` (then `TrainPlan.init`
+        creates parameters straight into their shards); a built ``nnx.Module`` or a
+        `ModelAdapter` work too. ``optimizer`` is any optax transformation, parameter
+        groups (``optax.multi_transform``, ``optax.masked``) included. ``trainable``
+        (``path -> bool``) freezes the parameters it rejects: they get no gradient, no
+        optimizer state and stay bit-identical. The plan becomes ``last_plan``.
         """
-        if not hasattr(optimizer, "init") or not hasattr(optimizer, "update"):
+        plan = make_plan(
+            config=self.config,
+            mesh=self.mesh,
+            rules=self.rules,
+            policy=self.policy,
+            pipeline=self.pipeline,
+            model=model,
+            optimizer=optimizer,
+            trainable=trainable,
+        )
+        self.last_plan = plan
+        return plan
+
+    def prepare(
+        self,
+        model: Any,
+        optimizer: optax.GradientTransformation,
+        *,
+        seed: int | None = None,
+        trainable: Trainable | None = None,
+    ) -> TrainState:
+        """``plan(model, optimizer).init(seed)``: the initial, sharded `TrainState`."""
+        return self.plan(model, optimizer, trainable=trainable).init(seed)
+
+    def _current(self, what: str) -> TrainPlan:
+        if self.last_plan is None:
             raise ConfigError(
-                f"prepare(optimizer): got {type(optimizer).__name__}; pass an optax "
-                "GradientTransformation such as optax.adamw(3e-4)."
+                f"Engine.{what}: call engine.prepare(model, optimizer) (or engine.plan) first."
             )
-        adapter = as_adapter(model)
-        self.model, self.optimizer = adapter, optimizer
-        abs_params, abs_model_state = adapter.abstract
-        abs_params = jax.tree.map(
-            lambda x: (
-                jax.ShapeDtypeStruct(x.shape, self.policy.param_dtype)
-                if jnp.issubdtype(x.dtype, jnp.floating)
-                else x
-            ),
-            abs_params,
-        )
-        names = shd.name_params(abs_params, adapter.logical_axes, self.config.param_rules)
-        if self.pipeline is not None:
-            self._check_pipeline_layers(abs_params, names)
-        self.plan = shd.plan(abs_params, names, self.mesh, self.rules, self.config.zero)
-        abs_opt = jax.eval_shape(optimizer.init, abs_params)
-        opt_shardings = optax.tree_map_params(
-            optimizer,
-            # optax.masked leaves a MaskedNode (no state) for unselected parameters.
-            lambda x, s: x if isinstance(x, optax.MaskedNode) else s,
-            abs_opt,
-            self.plan.opt,
-            transform_non_params=lambda _: self._replicated,
-            is_leaf=lambda x: isinstance(x, optax.MaskedNode),
-        )
-        rep = self._replicated
-        self.state_shardings = TrainState(
-            step=rep,
-            params=self.plan.params,
-            opt_state=opt_shardings,
-            model_state=jax.tree.map(lambda _: rep, abs_model_state),
-            loss_scale=(
-                jax.tree.map(lambda _: rep, LossScaleState.create(self.config.loss_scale))
-                if self.policy.loss_scaling
-                else None
-            ),
-            rng=rep,
-        )
-        key = jax.random.key(self.config.seed if seed is None else seed)
+        return self.last_plan
 
-        def build(key, params, model_state):
-            params = jax.tree.map(
-                lambda x: (
-                    x.astype(self.policy.param_dtype)
-                    if jnp.issubdtype(x.dtype, jnp.floating)
-                    else x
-                ),
-                params,
-            )
-            return TrainState(
-                step=jnp.asarray(0, jnp.int32),
-                params=params,
-                opt_state=optimizer.init(params),
-                model_state=model_state,
-                loss_scale=(
-                    LossScaleState.create(self.config.loss_scale)
-                    if self.policy.loss_scaling
-                    else None
-                ),
-                rng=key,
-            )
+    @property
+    def model(self) -> ModelAdapter | None:
+        """The adapter of ``last_plan`` (``None`` before any plan)."""
+        return None if self.last_plan is None else self.last_plan.adapter
 
-        if adapter.initial is not None:
-            fn = jax.jit(build, out_shardings=self.state_shardings)
-            return fn(key, *adapter.initial)
+    @property
+    def optimizer(self) -> optax.GradientTransformation | None:
+        """The optimizer of ``last_plan`` (``None`` before any plan)."""
+        return None if self.last_plan is None else self.last_plan.optimizer
 
-        def init(key):
-            init_key, step_key = jax.random.split(key)
-            return build(step_key, *adapter.init(init_key))
+    @property
+    def state_shardings(self) -> TrainState | None:
+        """The state layout of ``last_plan`` (``None`` before any plan)."""
+        return None if self.last_plan is None else self.last_plan.state_shardings
 
-        return jax.jit(init, out_shardings=self.state_shardings)(key)
+    # ----------------------------------------------------------------- short path
+    def train_step(self, loss_fn: LossFn) -> TrainStep:
+        """``last_plan.train_step(loss_fn)`` (see `TrainPlan.train_step`)."""
+        return self._current("train_step").train_step(loss_fn)
 
-    def _check_pipeline_layers(self, abs_params: Any, names: Any) -> None:
-        flat = jax.tree_util.tree_flatten_with_path(abs_params)[0]
-        leaves = jax.tree.leaves(names, is_leaf=lambda x: x is None or isinstance(x, tuple))
-        stacked = [
-            (p, x, n)
-            for (p, x), n in zip(flat, leaves, strict=True)
-            if n is not None and "layers" in n
-        ]
-        if not stacked:
-            raise ConfigError(
-                "ParallelConfig.pipeline > 1 but no parameter has a 'layers' axis: pipeline "
-                "parallelism needs the model's blocks stacked along a 'layers' axis and run "
-                "with jaxcore.pipeline.scan_layers (as jaxcore.models.Transformer does)."
-            )
-        for path, leaf, n in stacked:
-            self.pipeline.check_layers(leaf.shape[n.index("layers")], shd.path_str(path))
-
-    def _require_prepared(self, what: str) -> ModelAdapter:
-        if self.model is None:
-            raise ConfigError(f"Engine.{what}: call engine.prepare(model, optimizer) first.")
-        return self.model
-
-    def _trace_context(self) -> context.TraceContext:
-        return context.TraceContext(
-            mesh=self.mesh, rules=self.rules, remat=self.config.remat, pipeline=self.pipeline
-        )
+    def eval_step(self, loss_fn: LossFn) -> EvalStep:
+        """``last_plan.eval_step(loss_fn)`` (see `TrainPlan.eval_step`)."""
+        return self._current("eval_step").eval_step(loss_fn)
 
     def bind(self, state: TrainState) -> Any:
-        """The model with ``state``'s parameters, in the compute dtype (for use in jit)."""
-        adapter = self._require_prepared("bind")
-        return adapter.bind(self.policy.cast_to_compute(state.params), state.model_state)
+        """``last_plan.bind(state)``: the model with ``state``'s parameters (compute dtype)."""
+        return self._current("bind").bind(state)
 
-    # ----------------------------------------------------------------- batches
+    def _batch_checker(self) -> BatchChecker:
+        return self._checker if self.last_plan is None else self.last_plan.checker
+
     def shard_batch(self, batch: Any) -> Any:
         """Turn this process's part of a batch (NumPy arrays) into global sharded arrays.
 
         In one process that is the whole batch; with several, each passes its own rows
-        and the leading axis of the result is the concatenation over processes.
+        and the leading axis of the result is the concatenation over processes. The
+        checks include the model's token limits once a plan exists.
         """
-
-        def one(x):
-            if isinstance(x, jax.Array) and x.sharding == self.batch_sharding:
-                return x
-            x = np.asarray(x)
-            return jax.make_array_from_process_local_data(self.batch_sharding, x)
-
-        self.check_batch(batch, local=True)
-        return jax.tree.map(one, batch)
+        return _shard_batch(batch, self.batch_sharding, self._batch_checker())
 
     def check_batch(self, batch: Any, *, local: bool = False) -> None:
-        """Raise `BatchError` unless every leaf's leading size splits over the mesh."""
-        ways = batch_parallelism(self.mesh)
-        if local:
-            ways = max(1, ways // jax.process_count())
-        # A pipelined step cuts the batch into its microbatches (grad_accum folded in).
-        per_shard = self.pipeline.microbatches if self.pipeline else self.config.grad_accum
-        need = ways * per_shard
-        for path, leaf in jax.tree_util.tree_leaves_with_path(batch):
-            shape = np.shape(leaf)
-            where = shd.path_str(path) or "batch"
-            if not shape:
-                raise BatchError(
-                    f"batch[{where}] is a scalar; every batch leaf needs a leading batch axis."
-                )
-            if shape[0] % need:
-                raise BatchError(
-                    f"batch[{where}] has leading size {shape[0]}, which does not divide into "
-                    f"{ways} data-parallel shards (data x fsdp = {ways}) x {per_shard} "
-                    f"{'pipeline microbatches' if self.pipeline else 'grad_accum'}. Use a "
-                    f"batch size that is a multiple of {need}."
-                )
-
-    def _as_global(self, batch: Any) -> Any:
-        leaves = jax.tree.leaves(batch)
-        if all(isinstance(x, jax.Array) for x in leaves):
-            self.check_batch(batch)
-            return batch
-        return self.shard_batch(batch)
-
-    # ----------------------------------------------------------------- steps
-    def train_step(self, loss_fn: LossFn) -> Callable[[TrainState, Any], tuple[TrainState, dict]]:
-        """A jitted ``(state, batch) -> (state, metrics)`` for ``loss_fn``; state is donated.
-
-        ``loss_fn(model, batch, rng) -> (loss, aux)``: ``aux`` is a dict of scalars; an
-        ``aux["weight"]`` (e.g. the number of real tokens) makes the accumulated loss the
-        exact weighted mean over microbatches. Metrics hold ``loss``, ``grad_norm``, the
-        aux metrics, and for fp16 ``loss_scale`` and ``skipped``.
-        """
-        adapter = self._require_prepared("train_step")
-        cfg, policy, tx, plan = self.config, self.policy, self.optimizer, self.plan
-        # With a pipeline, accumulation happens over the schedule's microbatches.
-        accum = 1 if self.pipeline else cfg.grad_accum
-        micro_sharding = NamedSharding(self.mesh, PartitionSpec(None, *self._batch_spec))
-
-        def micro_loss(params, model_state, batch, key, scale):
-            model = adapter.bind(policy.cast_to_compute(params), model_state)
-            loss, aux = loss_fn(model, batch, key)
-            aux = dict(aux)
-            weight = jax.lax.stop_gradient(jnp.asarray(aux.pop("weight", 1.0), jnp.float32))
-            new_model_state = adapter.state_of(model)
-            # Scale the microbatch's mean loss; the weight multiplies the gradients afterwards,
-            # so float16 backward passes see the usual magnitudes whatever the token count.
-            scaled = loss.astype(jnp.float32) * scale
-            return scaled, (loss.astype(jnp.float32), aux, weight, new_model_state)
-
-        grad_fn = jax.value_and_grad(micro_loss, has_aux=True)
-
-        def accumulate(params, model_state, batch, key, scale):
-            """Gradients (still loss-scaled), weighted-mean metrics, total weight, state."""
-            if accum == 1:
-                (_, (loss, aux, weight, model_state)), grads = grad_fn(
-                    params, model_state, batch, jax.random.fold_in(key, 0), scale
-                )
-                return grads, {"loss": loss, **aux}, weight, model_state
-
-            def split(x):
-                x = x.reshape((x.shape[0] // accum, accum, *x.shape[1:])).swapaxes(0, 1)
-                return jax.lax.with_sharding_constraint(x, micro_sharding)
-
-            micro = jax.tree.map(split, batch)
-
-            def body(carry, inputs):
-                grads_sum, sums, model_state = carry
-                i, mb = inputs
-                (_, (loss, aux, w, model_state)), grads = grad_fn(
-                    params, model_state, mb, jax.random.fold_in(key, i), scale
-                )
-                grads_sum = jax.tree.map(lambda s, g: s + w * g, grads_sum, grads)
-                grads_sum = jax.lax.with_sharding_constraint(grads_sum, plan.grads)
-                new = {"loss": loss * w, **{k: v * w for k, v in aux.items()}, "weight": w}
-                sums = {k: sums[k] + new[k] for k in sums}
-                return (grads_sum, sums, model_state), None
-
-            zeros = jax.tree.map(jnp.zeros_like, params)
-            # One traced microbatch tells us which metrics the loss function reports.
-            aux_keys = jax.eval_shape(
-                lambda: grad_fn(
-                    params, model_state, jax.tree.map(lambda x: x[0], micro), key, scale
-                )[0][1][1]
-            ).keys()
-            sums0 = {k: jnp.zeros((), jnp.float32) for k in ("loss", *aux_keys, "weight")}
-            (grads, sums, model_state), _ = jax.lax.scan(
-                body, (zeros, sums0, model_state), (jnp.arange(accum), micro)
-            )
-            weight = jnp.maximum(sums.pop("weight"), 1e-12)
-            grads = jax.tree.map(lambda g: g / weight, grads)
-            return grads, {k: v / weight for k, v in sums.items()}, weight, model_state
-
-        def step(state: TrainState, batch):
-            with context.tracing(self._trace_context()):
-                rng, key = jax.random.split(state.rng)
-                scale = state.loss_scale.scale if state.loss_scale is not None else 1.0
-                grads, metrics, weight, model_state = accumulate(
-                    state.params, state.model_state, batch, key, scale
-                )
-                if state.loss_scale is not None:
-                    grads = jax.tree.map(lambda g: g / scale, grads)
-                metrics["weight"] = weight
-                if self.pipeline is not None:
-                    metrics["pipeline_bubble"] = jnp.float32(self.pipeline.bubble_fraction)
-                grads = jax.lax.with_sharding_constraint(grads, plan.grads)
-                grad_norm = optax.tree.norm(grads)
-                metrics["grad_norm"] = grad_norm
-                if cfg.clip_grad_norm is not None:
-                    factor = jnp.minimum(1.0, cfg.clip_grad_norm / (grad_norm + 1e-6))
-                    grads = jax.tree.map(lambda g: g * factor, grads)
-                updates, opt_state = tx.update(grads, state.opt_state, state.params)
-                params = optax.apply_updates(state.params, updates)
-                params = jax.lax.with_sharding_constraint(params, plan.params)
-                loss_scale = state.loss_scale
-                if loss_scale is not None:
-                    finite = all_finite(grads)
-                    keep = lambda new, old: jax.tree.map(
-                        lambda a, b: jnp.where(finite, a, b), new, old
-                    )
-                    params = keep(params, state.params)
-                    opt_state = keep(opt_state, state.opt_state)
-                    model_state = keep(model_state, state.model_state)
-                    loss_scale = loss_scale.update(finite, cfg.loss_scale)
-                    metrics["loss_scale"] = loss_scale.scale
-                    metrics["skipped"] = loss_scale.skipped_steps
-                new_state = TrainState(
-                    step=state.step + 1,
-                    params=params,
-                    opt_state=opt_state,
-                    model_state=model_state,
-                    loss_scale=loss_scale,
-                    rng=rng,
-                )
-                return new_state, metrics
-
-        jitted = jax.jit(
-            step,
-            in_shardings=(self.state_shardings, self.batch_sharding),
-            out_shardings=(self.state_shardings, self._replicated),
-            donate_argnums=(0,),
-        )
-
-        def run(state: TrainState, batch: Any) -> tuple[TrainState, dict]:
-            return jitted(state, self._as_global(batch))
-
-        run.jitted = jitted  # for ahead-of-time lowering and cost analysis
-        return run
-
-    def eval_step(self, loss_fn: LossFn) -> Callable[[TrainState, Any], dict]:
-        """A jitted ``(state, batch) -> metrics`` (no update; ``rng`` is ``None``).
-
-        Metrics carry ``weight`` so that `jaxcore.MeanMetrics` combines batches into the
-        exact mean over real tokens, whatever the padding.
-        """
-        self._require_prepared("eval_step")
-
-        def evaluate(state: TrainState, batch):
-            with context.tracing(self._trace_context()):
-                loss, aux = loss_fn(self.bind(state), batch, None)
-                aux = dict(aux)
-                weight = jnp.asarray(aux.pop("weight", 1.0), jnp.float32)
-                return {"loss": loss.astype(jnp.float32), **aux, "weight": weight}
-
-        jitted = jax.jit(
-            evaluate,
-            in_shardings=(self.state_shardings, self.batch_sharding),
-            out_shardings=self._replicated,
-        )
-        return lambda state, batch: jitted(state, self._as_global(batch))
+        """Raise `BatchError` unless ``batch`` can run (leading sizes, token arrays)."""
+        self._batch_checker().check(batch, local=local)

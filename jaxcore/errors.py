@@ -11,3 +11,22 @@ class ConfigError(JaxcoreError, ValueError):
 
 class BatchError(JaxcoreError, ValueError):
     """A batch does not fit the mesh or the step (names the array and the fix)."""
+
+
+class StateError(JaxcoreError, ValueError):
+    """A train state cannot be used (it was donated to an earlier step, say)."""
+
+
+class TrainingDivergedError(JaxcoreError, RuntimeError):
+    """Training stopped because steps kept producing a non-finite loss or gradient.
+
+    Attributes:
+        step: the train step (``state.step`` after it) that crossed the limit.
+        state: the newest train state, which holds the last finite update (skipped steps
+            leave it untouched), so a run can be saved or inspected before it stops.
+    """
+
+    def __init__(self, message: str, *, step: int, state: object = None):
+        super().__init__(message)
+        self.step = step
+        self.state = state

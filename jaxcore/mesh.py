@@ -2,12 +2,14 @@
 
 Axes, outermost to innermost (inner axes get the fastest links):
 
-- ``data``: pure data parallelism. Each group holds a full copy of whatever is not
-  sharded over ``fsdp``; gradients are all-reduced over it. Across slices or hosts this is
+- ``data``: pure data parallelism (the default rules split the batch over it). Each group
+  holds a full copy of whatever is not sharded over ``fsdp``; gradients are all-reduced
+  over it. Across slices or hosts this is
   the axis that goes over the data-centre network (DCN).
 - ``pipeline``: pipeline stages. Stacked layers (logical axis ``layers``) are split
   over it; a schedule moves activations between stages (``jaxcore.pipeline``).
-- ``fsdp``: the batch is split over it like ``data``; in addition the ZeRO stage decides
+- ``fsdp``: the batch is split over it like ``data`` (by the default rules table, which
+  alone decides the batch's axes: ``jaxcore.sharding``); in addition the ZeRO stage decides
   whether optimizer state (1), gradients (2) and parameters (3) are sharded over it.
 - ``tensor``: tensor (Megatron) parallelism: heads, MLP hidden units and the vocabulary
   are split over it. It is the innermost axis because it communicates every layer.
@@ -33,8 +35,6 @@ from jaxcore.errors import ConfigError
 log = logging.getLogger(__name__)
 
 MESH_AXES = ("data", "pipeline", "fsdp", "tensor")
-# The axes a batch's leading dimension is split over.
-BATCH_AXES = ("data", "fsdp")
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -146,8 +146,3 @@ def build_mesh(parallel: ParallelConfig, devices: Sequence[jax.Device] | None = 
         grid = np.asarray(devices).reshape(shape)
     log.info("mesh %s over %d devices", dict(zip(MESH_AXES, shape, strict=True)), len(devices))
     return Mesh(grid, MESH_AXES, axis_types=(AxisType.Auto,) * len(MESH_AXES))
-
-
-def batch_parallelism(mesh: Mesh) -> int:
-    """How many ways a batch's leading dimension is split on ``mesh``."""
-    return math.prod(mesh.shape[a] for a in BATCH_AXES)

@@ -41,9 +41,9 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import NamedSharding, PartitionSpec
 
-from jaxcore import context
+from jaxcore import trace_context
 from jaxcore.errors import ConfigError
-from jaxcore.mesh import BATCH_AXES
+from jaxcore.sharding import batch_spec
 
 SCHEDULES = ("gpipe", "circular")
 
@@ -109,7 +109,7 @@ def scan_layers(
     example's positions); they are cut into microbatches along with ``x``. Runs the
     pipeline schedule when the step being traced has one, else a plain ``lax.scan``.
     """
-    ctx = context.current()
+    ctx = trace_context.current()
     if ctx.pipeline is None:
 
         def body(h, p):
@@ -129,7 +129,7 @@ def _merge_micro(a: jax.Array) -> jax.Array:
     return a.swapaxes(0, 1).reshape((a.shape[0] * a.shape[1], *a.shape[2:]))
 
 
-def _pipelined(layer_fn, x, layer_params, per_example, ctx: context.TraceContext):
+def _pipelined(layer_fn, x, layer_params, per_example, ctx: trace_context.TraceContext):
     cfg: PipelineConfig = ctx.pipeline
     mesh = ctx.mesh
     S, M, R = cfg.stages, cfg.microbatches, cfg.repeats
@@ -137,7 +137,7 @@ def _pipelined(layer_fn, x, layer_params, per_example, ctx: context.TraceContext
     cfg.check_layers(n_layers)
     cfg.check_batch(x.shape[0], 1)
     lps = n_layers // (S * R)
-    batch_axes = tuple(a for a in BATCH_AXES if mesh.shape[a] > 1) or None
+    batch_axes = batch_spec(mesh, ctx.rules)[0]
     free = PartitionSpec.UNCONSTRAINED
 
     def on_stages(a: jax.Array, batch_dim: int | None = None) -> jax.Array:

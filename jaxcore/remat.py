@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import jax
 
-from jaxcore import context
+from jaxcore import trace_context
 from jaxcore.errors import ConfigError
 
 POLICY_NAMES = ("none", "full", "dots_saveable", "dots_with_no_batch_dims_saveable", "offload")
@@ -52,7 +52,7 @@ def validate_policy(name: str, device: jax.Device | None = None) -> str:
 
 def checkpoint_block(fn: Callable) -> Callable:
     """Wrap a block function with the remat policy of the step being traced."""
-    name = context.current().remat
+    name = trace_context.current().remat
     if name == "none":
         return fn
     # prevent_cse=False: the block runs inside lax.scan, which already stops XLA from

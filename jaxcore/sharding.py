@@ -20,6 +20,10 @@ stage  parameters  gradients  optimizer state
 Parameters that carry no names (PyTorch models, say) can be named by regex rules on
 their path; failing that, the automatic rule shards their largest dimension that divides
 over ``fsdp``.
+
+This is the only module that decides which mesh axes an array uses. Batches, activations
+and KV caches get theirs from the same table through `logical_sharding` (logical names
+``batch``, ``length``, ``kv_heads``, ...); nothing else names a mesh axis for the batch.
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from typing import Any
 import jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jaxcore import axes, context
+from jaxcore import axes, trace_context
 from jaxcore.errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -196,13 +200,61 @@ def name_params(
     return jax.tree.unflatten(treedef, out)
 
 
+def logical_sharding(
+    mesh: Mesh, rules: Rules, names: LogicalAxes, shape: Sequence[int] | None = None
+) -> NamedSharding:
+    """The sharding the rules table gives an array whose dimensions are named ``names``.
+
+    With ``shape``, a rule whose mesh axes do not divide a dimension is passed over (as for
+    parameters); without it, only the names decide (use it for arrays whose size is not
+    known yet, such as a batch or a KV cache). E.g. a KV cache of shape ``(layers, batch,
+    kv_heads, length, head_dim)``:
+    ``logical_sharding(mesh, rules, ("layers", "batch", "kv_heads", "length", None))``.
+    """
+    if shape is None:
+        # Sizes every mesh split divides, so that only the names decide.
+        shape = [max(mesh.devices.size, 1)] * len(names)
+    return NamedSharding(mesh, logical_to_spec(tuple(names), shape, mesh, rules))
+
+
+def batch_spec(mesh: Mesh, rules: Rules) -> PartitionSpec:
+    """The one-entry spec of a batch's leading axis: the ``batch`` rule on ``mesh``."""
+    return logical_sharding(mesh, rules, (axes.BATCH,)).spec
+
+
+def batch_ways(mesh: Mesh, rules: Rules) -> int:
+    """How many shards a batch's leading axis is cut into on ``mesh``."""
+    entry = batch_spec(mesh, rules)[0]
+    ways = 1
+    for a in _as_tuple(entry):
+        ways *= mesh.shape[a]
+    return ways
+
+
 @dataclasses.dataclass(frozen=True)
 class ShardingPlan:
-    """Shardings for parameters, gradients and optimizer-state slots (parameter-shaped)."""
+    """Where every array of a run lives, all derived from one rules table.
+
+    Attributes:
+        params, grads, opt: trees of `NamedSharding` with the parameters' structure, for
+            the parameters, gradients and parameter-shaped optimizer slots (ZeRO stage).
+        batch: the sharding of every batch leaf (leading axis by the ``batch`` rule).
+        mesh, rules: the mesh and rules table, for activation and cache shardings
+            (`activation`).
+    """
 
     params: Any
     grads: Any
     opt: Any
+    batch: NamedSharding | None = None
+    mesh: Mesh | None = None
+    rules: Rules = ()
+
+    def activation(self, names: LogicalAxes, shape: Sequence[int] | None = None) -> NamedSharding:
+        """The sharding of an activation (or KV cache) whose dimensions are ``names``."""
+        if self.mesh is None:
+            raise ConfigError("ShardingPlan.activation: this plan was built without a mesh.")
+        return logical_sharding(self.mesh, self.rules, names, shape)
 
 
 def plan(abstract_params: Any, logical: Any, mesh: Mesh, rules: Rules, zero: int) -> ShardingPlan:
@@ -226,7 +278,38 @@ def plan(abstract_params: Any, logical: Any, mesh: Mesh, rules: Rules, zero: int
         params=shardings(() if zero >= 3 else no_fsdp),
         grads=shardings(() if zero >= 2 else no_fsdp),
         opt=shardings(() if zero >= 1 else no_fsdp),
+        batch=NamedSharding(mesh, batch_spec(mesh, rules)),
+        mesh=mesh,
+        rules=rules,
     )
+
+
+def opt_state_shardings(
+    abstract_opt: Any, abstract_params: Any, slot_shardings: Any, default: NamedSharding
+) -> Any:
+    """Shardings of an optimizer state: parameter-shaped slots follow their parameter.
+
+    A leaf of the state is a slot of parameter ``p`` when its key path ends with ``p``'s
+    path and it has ``p``'s shape (Adam's ``mu``/``nu``, momentum, EMA copies, whatever
+    wrappers hold them: ``multi_transform``, ``masked``, ``chain``). Every other leaf (step
+    counts, scalars, factored statistics) gets ``default``. Matching by path rather than
+    through ``optax.tree_map_params`` is what lets parameter groups work: that function
+    re-runs ``init`` on a placeholder, which ``multi_transform``'s labels cannot handle.
+    """
+    table: dict[tuple, tuple[tuple[int, ...], NamedSharding]] = {}
+    flat_p = jax.tree_util.tree_flatten_with_path(abstract_params)[0]
+    for (path, leaf), sharding in zip(flat_p, jax.tree.leaves(slot_shardings), strict=True):
+        table[tuple(path)] = (tuple(leaf.shape), sharding)
+
+    def one(path, leaf):
+        path = tuple(path)
+        for start in range(len(path)):  # longest suffix first
+            hit = table.get(path[start:])
+            if hit is not None and hit[0] == tuple(getattr(leaf, "shape", ())):
+                return hit[1]
+        return default
+
+    return jax.tree_util.tree_map_with_path(one, abstract_opt)
 
 
 def _map_with_names(fn, tree: Any, names: Any) -> Any:
@@ -239,7 +322,7 @@ def _map_with_names(fn, tree: Any, names: Any) -> Any:
 
 def constrain(x: jax.Array, logical: LogicalAxes) -> jax.Array:
     """Constrain an activation's sharding by logical names (no-op outside an engine trace)."""
-    ctx = context.current()
+    ctx = trace_context.current()
     if ctx.mesh is None:
         return x
     spec = logical_to_spec(logical, x.shape, ctx.mesh, ctx.rules, where="activation")

@@ -7,6 +7,7 @@ from typing import Any
 import jax
 from flax import struct
 
+from jaxcore.nonfinite import NonFiniteState
 from jaxcore.precision import LossScaleState
 
 
@@ -20,6 +21,8 @@ class TrainState(struct.PyTreeNode):
         model_state: non-trainable model variables (batch statistics, RNG counters).
         loss_scale: dynamic loss-scale state (``None`` unless precision is fp16).
         rng: the key the next step splits its randomness (dropout) from.
+        nonfinite: the non-finite guard's counters (skipped steps, current run of skips);
+            the engine always fills it, ``None`` only in states built by hand.
     """
 
     step: jax.Array
@@ -28,3 +31,4 @@ class TrainState(struct.PyTreeNode):
     model_state: Any
     loss_scale: LossScaleState | None
     rng: jax.Array
+    nonfinite: NonFiniteState | None = None

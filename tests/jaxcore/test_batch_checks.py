@@ -1,0 +1,76 @@
+"""Bad batches, bad loss functions and a reused donated state: typed errors, never a crash.
+
+Each mistake runs in its own process (tests/jaxcore/scripts/bad_batch.py): the process
+must exit with status 1 (an uncaught Python exception) and print the typed error with
+what was wrong and how to fix it; a segfault would show as a negative status.
+"""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import jaxcore as jc
+from jaxcore.batch_checks import BatchChecker, BatchContract
+
+SCRIPT = Path(__file__).parent / "scripts" / "bad_batch.py"
+
+CASES = {
+    "float_tokens": ("BatchError", ["batch[tokens]", "float32", "astype(np.int32)"]),
+    "3d_tokens": ("BatchError", ["batch[tokens]", "(4, 17, 1)", "2-d"]),
+    "bare_array": ("BatchError", ["bare ndarray", "{'tokens': tokens}"]),
+    "id_past_vocab": ("BatchError", ["batch[tokens]", "to 256", "[0, 256)", "check_batches"]),
+    "negative_id": ("BatchError", ["from -1", "[0, 256)"]),
+    "too_long": ("BatchError", ["66 tokens", "max_seq_len is 64", "65"]),
+    "id_past_vocab_on_device": ("BatchError", ["from 256 to 256", "[0, 256)"]),
+    "loss_bare_scalar": ("ConfigError", ["a bare array of shape ()", "def loss_fn"]),
+    "loss_not_scalar": ("ConfigError", ["loss of shape (4, 16)", "scalar", "def loss_fn"]),
+    "loss_aux_not_dict": ("ConfigError", ["not a dict", "(loss, aux)", "def loss_fn"]),
+    "donated_train": ("StateError", ["donated", "state, metrics = step(state, batch)"]),
+    "donated_eval": ("StateError", ["donated", "the state the step returned"]),
+}
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("case", list(CASES))
+def test_mistake_ends_in_a_typed_error(case):
+    error, words = CASES[case]
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), case], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 1, (proc.returncode, proc.stderr[-3000:])
+    last = proc.stderr.strip().splitlines()
+    message = "\n".join(line for line in last if line.strip())
+    assert f"jaxcore.errors.{error}" in message, message[-3000:]
+    tail = message[message.rindex(f"jaxcore.errors.{error}") :]
+    for w in words:
+        assert w in tail, (w, tail)
+
+
+def _checker(**kw) -> BatchChecker:
+    base = dict(ways=1, per_shard=1, per_shard_what="grad_accum", token_keys=("tokens",))
+    return BatchChecker(BatchContract(**{**base, **kw}))
+
+
+def test_structure_checks_run_once_per_structure(monkeypatch):
+    checker = _checker(vocab_size=10)
+    calls = []
+    original = checker._check_shapes
+    monkeypatch.setattr(
+        checker, "_check_shapes", lambda b, local: (calls.append(1), original(b, local))
+    )
+    good = {"tokens": np.ones((2, 5), np.int32)}
+    for _ in range(3):
+        checker.check(good)
+    checker.check({"tokens": np.ones((2, 6), np.int32)})
+    assert len(calls) == 2
+    # Host batches are range-checked every time, even with a known structure.
+    with pytest.raises(jc.BatchError, match="from 1 to 10"):
+        checker.check({"tokens": np.full((2, 5), 10, np.int32) - np.eye(2, 5, dtype=np.int32) * 9})
+
+
+def test_check_batches_off_skips_token_checks():
+    checker = _checker(token_keys=(), vocab_size=None, check_values=False)
+    checker.check({"tokens": np.full((2, 5), 1e9, np.float32)})

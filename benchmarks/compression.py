@@ -35,15 +35,15 @@ from pathlib import Path
 # Python 3.14 stdlib one): put the repository root there instead.
 sys.path[0] = str(Path(__file__).resolve().parents[1])
 
-import jax
-import optax
+import jax  # noqa: E402
+import optax  # noqa: E402
 
-import inference
-import jaxcore as jc
-from benchmarks._common import write_results
-from inference import quantize as iq
-from jaxcore import compression as cz
-from jaxcore.models import Transformer, TransformerConfig, lm_loss
+import inference  # noqa: E402
+import jaxcore as jc  # noqa: E402
+from benchmarks._common import write_results  # noqa: E402
+from inference import quantize as iq  # noqa: E402
+from jaxcore import compression as cz  # noqa: E402
+from jaxcore.models import Transformer, TransformerConfig, lm_loss  # noqa: E402
 
 SEQ, BATCH = 64, 16
 CFG = TransformerConfig.tiny(
@@ -57,13 +57,14 @@ def engine() -> jc.Engine:
 
 
 def train(cfg, batches, *, params=None, loss=lm_loss, tx=None, seed=0, pair=None):
-    """Train ``cfg`` (or a distillation ``pair``) on ``batches``; the final params."""
-    eng = engine()
+    """Train ``cfg`` (or a distillation ``pair``, teacher frozen) on ``batches``."""
     model = pair or (lambda r: Transformer(cfg, rngs=r))
-    state = eng.prepare(model, tx or optax.adamw(3e-3), seed=seed)
+    trainable = cz.student_only if pair else None
+    plan = engine().plan(model, tx or optax.adamw(3e-3), trainable=trainable)
+    state = plan.init(seed)
     if params is not None:
-        state = state.replace(params=jax.device_put(params, eng.state_shardings.params))
-    step = eng.train_step(loss)
+        state = state.replace(params=jax.device_put(params, plan.state_shardings.params))
+    step = plan.train_step(loss)
     for b in batches:
         state, _ = step(state, {"tokens": b})
     return jax.device_get(state.params)
@@ -157,7 +158,6 @@ def main() -> None:
         pair=pair,
         params={"student": start, "teacher": base},
         loss=cz.distill_loss(temperature=2.0, alpha=0.5),
-        tx=cz.distill_optimizer(optax.adamw(3e-3)),
     )["student"]
     row("distilled 1/2 depth", student_cfg, distilled, ppl(student_cfg, distilled))
 

@@ -8,11 +8,11 @@ QAT wraps the loss. See the README section "Compression".
 from jaxcore.compression.distill import (
     DistillPair,
     distill_loss,
-    distill_optimizer,
     distill_pair,
     kd_loss,
     load_teacher,
     student_from_teacher,
+    student_only,
 )
 from jaxcore.compression.evaluate import decoding_weights_of, perplexity, text_batches
 from jaxcore.compression.int8 import CONTRACTED_AXES, fake_quant, int8_quantize, int8_scale
@@ -44,7 +44,6 @@ __all__ = [
     "Structure",
     "decoding_weights_of",
     "distill_loss",
-    "distill_optimizer",
     "distill_pair",
     "fake_quant",
     "fake_quantize_params",
@@ -64,6 +63,7 @@ __all__ = [
     "shrink",
     "sparsity_report",
     "student_from_teacher",
+    "student_only",
     "text_batches",
     "unit_scores",
     "weight_bytes",

@@ -1,10 +1,15 @@
 """Knowledge distillation: train a student on a teacher's logits through the engine.
 
-The engine prepares one model, a `DistillPair` holding the student and the teacher, so
-both are sharded by the same rules table (ZeRO-3 shards the teacher too). `distill_optimizer`
-gives only the student an optimizer state (`optax.masked`: the teacher's entry is an empty
-node), and `distill_loss` runs the teacher's forward under ``stop_gradient``, so its
-gradients are structurally zero and XLA drops the teacher's backward pass.
+The engine plans one model, a `DistillPair` holding the student and the teacher, so both
+are sharded by the same rules table (ZeRO-3 shards the teacher too). The plan's
+``trainable=student_only`` freezes the teacher: no optimizer state (the engine gives frozen
+parameters ``optax.set_to_zero``), no gradient, bit-identical weights; `distill_loss` also
+runs the teacher's forward under ``stop_gradient``, so XLA drops its backward pass.
+
+    plan = engine.plan(cz.distill_pair(student, teacher), optax.adamw(3e-4),
+                       trainable=cz.student_only)
+    state = cz.load_teacher(plan, plan.init(0), teacher_params)
+    step = plan.train_step(cz.distill_loss(temperature=2.0, alpha=0.5))
 
 The loss (Hinton et al. 2015): ``alpha * T^2 * KL(softmax(t / T) || softmax(s / T)) +
 (1 - alpha) * CE(s, labels)``; the ``T^2`` keeps the soft term's gradients at the scale of
@@ -44,20 +49,17 @@ def distill_pair(
     return lambda rngs: DistillPair(student(rngs), teacher(rngs))
 
 
-def distill_optimizer(inner: optax.GradientTransformation) -> optax.GradientTransformation:
-    """``inner`` on the student only; the teacher gets no optimizer state and no update."""
-    only_student = optax.masked(inner, {"student": True, "teacher": False})
-    # masked passes the teacher's (zero, stop_gradient) updates through; set them to zero
-    # explicitly so no transformation can ever move the teacher.
-    return optax.chain(
-        only_student, optax.masked(optax.set_to_zero(), {"student": False, "teacher": True})
-    )
+def student_only(path: str) -> bool:
+    """The ``trainable`` predicate of a `DistillPair` plan: the student trains, the teacher
+    is frozen (no gradient, no optimizer state, bit-identical weights)."""
+    return path.split("/", 1)[0] == "student"
 
 
-def load_teacher(engine: Any, state: Any, teacher_params: Any) -> Any:
+def load_teacher(plan: Any, state: Any, teacher_params: Any) -> Any:
     """``state`` with the teacher's parameters replaced by ``teacher_params``, placed on the
-    engine's shardings for them (e.g. from ``jc.read_params`` or another run's state)."""
-    shardings = engine.state_shardings.params["teacher"]
+    plan's shardings for them (e.g. from ``jc.read_params`` or another run's state).
+    ``plan`` is the pair's `jaxcore.TrainPlan` (or the engine that made it last)."""
+    shardings = plan.state_shardings.params["teacher"]
     want = jax.tree.structure(state.params["teacher"])
     if jax.tree.structure(teacher_params) != want:
         raise ConfigError(

@@ -15,12 +15,12 @@ from hypothesis.extra import numpy as hnp
 import jaxcore as jc
 from jaxcore.compression import (
     distill_loss,
-    distill_optimizer,
     distill_pair,
     kd_loss,
     load_teacher,
     perplexity,
     student_from_teacher,
+    student_only,
     text_batches,
 )
 from jaxcore.models import Transformer, TransformerConfig, lm_loss
@@ -71,12 +71,13 @@ def test_teacher_is_sharded_has_no_optimizer_state_and_never_moves():
     pair = distill_pair(
         lambda r: Transformer(student_cfg, rngs=r), lambda r: Transformer(teacher_cfg, rngs=r)
     )
-    state = engine.prepare(pair, distill_optimizer(optax.adamw(1e-2, weight_decay=0.1)))
+    plan = engine.plan(pair, optax.adamw(1e-2, weight_decay=0.1), trainable=student_only)
+    state = plan.init(0)
     trained = jax.tree.map(lambda x: np.asarray(x) + 1.0, host(state.params["teacher"]))
-    state = load_teacher(engine, state, trained)
+    state = load_teacher(plan, state, trained)
     # ZeRO-3 shards the teacher's weights like any parameter.
     for name, leaf in state.params["teacher"].items():
-        assert leaf.sharding == engine.state_shardings.params["teacher"][name]
+        assert leaf.sharding == plan.state_shardings.params["teacher"][name]
     assert "fsdp" in str(state.params["teacher"]["wq"].sharding.spec)
     # Optimizer slots exist for the student only.
     slots = [
@@ -84,7 +85,7 @@ def test_teacher_is_sharded_has_no_optimizer_state_and_never_moves():
     ]
     assert slots and not any("teacher" in p for p in slots)
     assert any("student" in p for p in slots)
-    step = engine.train_step(distill_loss(temperature=2.0, alpha=0.5))
+    step = plan.train_step(distill_loss(temperature=2.0, alpha=0.5))
     before = host(state.params["student"])
     for i in range(3):
         state, metrics = step(state, make_batch(8, i))
@@ -93,7 +94,7 @@ def test_teacher_is_sharded_has_no_optimizer_state_and_never_moves():
     moved = jax.tree.map(lambda a, b: np.abs(a - b).max(), host(state.params["student"]), before)
     assert min(jax.tree.leaves(moved)) > 0
     with pytest.raises(jc.ConfigError, match="shape"):
-        load_teacher(engine, state, host(state.params["student"]))
+        load_teacher(plan, state, host(state.params["student"]))
 
 
 # ---------------------------------------------------------------- student vs scratch
@@ -137,12 +138,12 @@ def test_distilled_half_depth_student_beats_scratch_on_held_out_text():
         pair = distill_pair(
             lambda r: Transformer(STUDENT, rngs=r), lambda r: Transformer(TEACHER, rngs=r)
         )
-        state = kd_engine.prepare(pair, distill_optimizer(optax.adamw(3e-3)), seed=seed)
-        state = load_teacher(kd_engine, state, teacher)
+        plan = kd_engine.plan(pair, optax.adamw(3e-3), trainable=student_only)
+        state = load_teacher(plan, plan.init(seed), teacher)
         start = student_from_teacher(teacher, layers=range(0, TEACHER.n_layers, 2))
         params = {**state.params, "student": start}
-        state = state.replace(params=jax.device_put(params, kd_engine.state_shardings.params))
-        step = kd_engine.train_step(distill_loss(temperature=2.0, alpha=0.5))
+        state = state.replace(params=jax.device_put(params, plan.state_shardings.params))
+        step = plan.train_step(distill_loss(temperature=2.0, alpha=0.5))
         for b in batches(BUDGET, seed):
             state, _ = step(state, {"tokens": b})
         student_loss = np.log(perplexity(STUDENT, host(state.params["student"]), held_out))

@@ -67,6 +67,7 @@ __version__ = "0.1.0"
 # The experiment layer needs the `experiments` extra (Optuna, SQLAlchemy): loaded on first
 # use so that `import jaxcore` works without it.
 _LAZY = {"experiments": "jaxcore.experiments", "registry": "jaxcore.experiments.registry"}
+_LAZY["compression"] = "jaxcore.compression"  # pruning, distillation, QAT
 
 
 def __getattr__(name: str):

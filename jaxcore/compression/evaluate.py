@@ -1,0 +1,88 @@
+"""Held-out byte-level text and perplexity of a params dict, dense or through a matmul hook.
+
+Perplexity runs the decoding path (`jaxcore.models.prefill`) so that the inference
+package's int8 weights are evaluated exactly as they are served: pass
+``inference.quantize.quantize_weights`` as ``transform`` and
+``inference.quantize.quantized_matmul`` as ``matmul`` (jaxcore itself never imports
+``inference``).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from jaxcore.models import TransformerConfig, plain_matmul, prefill
+from jaxcore.models.decoding import Matmul, Weights
+
+
+def decoding_weights_of(params: dict[str, Any], cfg: TransformerConfig) -> Weights:
+    """The weights `prefill` reads, from the engine's params of a `Transformer`."""
+    blocks = ("attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "w_gate", "w_up", "w_down")
+    head = params["embed"].T if cfg.tie_embeddings else params["lm_head"]
+    return {
+        "embed": params["embed"],
+        "final_norm": params["final_norm"],
+        "head": head,
+        "blocks": {n: params[n] for n in blocks},
+    }
+
+
+def text_batches(
+    source: Sequence[np.ndarray],
+    documents: Sequence[int],
+    *,
+    batch: int,
+    seq_len: int,
+    count: int,
+    seed: int,
+) -> list[np.ndarray]:
+    """``count`` int32 batches ``(batch, seq_len + 1)`` of random windows of the given
+    documents, concatenated (so train and held-out text come from disjoint documents)."""
+    text = np.concatenate([np.asarray(source[i], np.int32) for i in documents])
+    if text.size <= seq_len + 1:
+        raise ValueError(f"text_batches: {text.size} tokens are too few for seq_len={seq_len}.")
+    rng = np.random.default_rng(seed)
+    starts = rng.integers(0, text.size - seq_len - 1, (count, batch))
+    return [np.stack([text[s : s + seq_len + 1] for s in row]) for row in starts]
+
+
+def perplexity(
+    cfg: TransformerConfig,
+    params: dict[str, Any],
+    batches: Sequence[np.ndarray],
+    *,
+    transform: Callable[[Weights], Weights] | None = None,
+    matmul: Matmul = plain_matmul,
+) -> float:
+    """``exp`` of the mean next-token cross-entropy over every token of ``batches``.
+
+    ``transform`` maps the decoding weights first (e.g. to int8), ``matmul`` is the hook
+    that multiplies by them.
+    """
+    weights = decoding_weights_of(params, cfg)
+    if transform is not None:
+        weights = transform(weights)
+    total = _summed_nll(cfg, matmul)
+    nll = sum(float(total(weights, jnp.asarray(b))) for b in batches)
+    tokens = sum(b.shape[0] * (b.shape[1] - 1) for b in batches)
+    return float(np.exp(nll / tokens))
+
+
+@functools.lru_cache(maxsize=32)
+def _summed_nll(cfg: TransformerConfig, matmul: Matmul) -> Callable:
+    """One jitted ``(weights, tokens) -> summed NLL`` per config and hook (compiled once
+    per shape, not once per call)."""
+
+    def total(weights, tokens):
+        logits, _ = prefill(cfg, weights, tokens[:, :-1], matmul=matmul)
+        ce = optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:])
+        return jnp.sum(ce)
+
+    return jax.jit(total)

@@ -12,8 +12,9 @@ from pathlib import Path
 RESULTS = Path(__file__).parent / "results"
 
 
-def time_alternating(fns: dict[str, Callable[[], None]], *, rounds: int, steps: int
-                     ) -> dict[str, float]:
+def time_alternating(
+    fns: dict[str, Callable[[], None]], *, rounds: int, steps: int
+) -> dict[str, float]:
     """Median seconds per call of each function, run in turns so drifting machine load
     hits every variant alike (the machines are shared: only ratios from one run count)."""
     samples: dict[str, list[float]] = {name: [] for name in fns}
@@ -37,9 +38,14 @@ def print_table(title: str, header: list[str], rows: list[list]) -> None:
 
 def write_results(name: str, payload: dict) -> Path:
     RESULTS.mkdir(parents=True, exist_ok=True)
-    payload = {**payload, "machine": {"platform": platform.platform(),
-                                      "processor": platform.processor(),
-                                      "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}}
+    payload = {
+        **payload,
+        "machine": {
+            "platform": platform.platform(),
+            "processor": platform.processor(),
+            "measured_at": time.strftime("%Y-%m-%d %H:%M:%S"),
+        },
+    }
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(payload, indent=2) + "\n")
     print(f"\nwrote {path}")
@@ -50,8 +56,9 @@ def stdlib_batch(batch: int, seq: int, seed: int = 0) -> dict:
     """One packed batch of the stdlib's source bytes as NumPy arrays (real text)."""
     import jaxcore as jc
 
-    loader = jc.Loader(jc.stdlib_source(), jc.InputConfig(global_batch_size=batch,
-                                                          seq_len=seq, seed=seed))
+    loader = jc.Loader(
+        jc.stdlib_source(), jc.InputConfig(global_batch_size=batch, seq_len=seq, seed=seed)
+    )
     try:
         return next(loader)
     finally:

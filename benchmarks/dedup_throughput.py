@@ -29,7 +29,7 @@ def ours(texts: list[str], batch: int = 256) -> float:
     h = MinHasher(256, 5, 42)
     t = time.perf_counter()
     for i in range(0, len(texts), batch):
-        h.signatures(texts[i:i + batch])
+        h.signatures(texts[i : i + batch])
     return time.perf_counter() - t
 
 
@@ -37,7 +37,7 @@ def datasketch(texts: list[str]) -> float:
     t = time.perf_counter()
     for text in texts:
         w = _WORD_RE.findall(text.lower())
-        shingles = {" ".join(w[i:i + 5]).encode() for i in range(len(w) - 4)}
+        shingles = {" ".join(w[i : i + 5]).encode() for i in range(len(w) - 4)}
         m = MinHash(num_perm=256, seed=42)
         m.update_batch(list(shingles))
     return time.perf_counter() - t
@@ -50,8 +50,10 @@ def jaccard_error(texts: list[str], pairs: int = 50) -> dict[str, float]:
     e_ours, e_ds = [], []
     for i in range(min(pairs, len(texts) - 1)):
         a = texts[i]
-        b = a[: int(len(a) * rng.uniform(0.1, 1))] + texts[i + 1][: int(len(texts[i + 1]) *
-                                                                        rng.uniform(0, 1))]
+        b = (
+            a[: int(len(a) * rng.uniform(0.1, 1))]
+            + texts[i + 1][: int(len(texts[i + 1]) * rng.uniform(0, 1))]
+        )
         sa, sb = shingle_set(a), shingle_set(b)
         if len(sa) < 20 or len(sb) < 20:
             continue
@@ -62,8 +64,11 @@ def jaccard_error(texts: list[str], pairs: int = 50) -> dict[str, float]:
         ma.update_batch([" ".join(s).encode() for s in sa])
         mb.update_batch([" ".join(s).encode() for s in sb])
         e_ds.append(abs(ma.jaccard(mb) - true))
-    return {"ours_mae": float(np.mean(e_ours)), "datasketch_mae": float(np.mean(e_ds)),
-            "pairs": len(e_ours)}
+    return {
+        "ours_mae": float(np.mean(e_ours)),
+        "datasketch_mae": float(np.mean(e_ds)),
+        "pairs": len(e_ours),
+    }
 
 
 def main() -> None:
@@ -79,18 +84,24 @@ def main() -> None:
         t_ds.append(datasketch(texts))
     ours_mbs, ds_mbs = mb / float(np.median(t_ours)), mb / float(np.median(t_ds))
     err = jaccard_error(texts)
-    result = {"files": len(texts), "mb": round(mb, 2), "repeats": repeats,
-              "ours_mb_per_s_per_core": round(ours_mbs, 2),
-              "datasketch_mb_per_s_per_core": round(ds_mbs, 2),
-              "ratio": round(ours_mbs / ds_mbs, 2), "target_ratio": 3.0,
-              "jaccard_mae": {k: round(v, 4) if isinstance(v, float) else v
-                              for k, v in err.items()}}
+    result = {
+        "files": len(texts),
+        "mb": round(mb, 2),
+        "repeats": repeats,
+        "ours_mb_per_s_per_core": round(ours_mbs, 2),
+        "datasketch_mb_per_s_per_core": round(ds_mbs, 2),
+        "ratio": round(ours_mbs / ds_mbs, 2),
+        "target_ratio": 3.0,
+        "jaccard_mae": {k: round(v, 4) if isinstance(v, float) else v for k, v in err.items()},
+    }
     print(f"{'implementation':<34}{'MB/s/core':>10}")
     print(f"{'data.minhash (NumPy, vectorised)':<34}{ours_mbs:>10.2f}")
     print(f"{'datasketch update_batch':<34}{ds_mbs:>10.2f}")
-    print(f"ratio {result['ratio']:.2f} (target >= 3); Jaccard MAE ours {err['ours_mae']:.4f} vs "
-          f"datasketch {err['datasketch_mae']:.4f} on {err['pairs']} pairs; {mb:.1f} MB, "
-          f"{len(texts)} files")
+    print(
+        f"ratio {result['ratio']:.2f} (target >= 3); Jaccard MAE ours {err['ours_mae']:.4f} vs "
+        f"datasketch {err['datasketch_mae']:.4f} on {err['pairs']} pairs; {mb:.1f} MB, "
+        f"{len(texts)} files"
+    )
     out = Path(__file__).parent / "results" / "dedup_throughput.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(result, indent=1) + "\n")

@@ -52,8 +52,14 @@ def bench_size(name: str, rounds: int, steps: int, compile_torch: bool) -> dict:
     from jaxcore.models import Transformer, TransformerConfig, lm_loss, training_flops_per_token
 
     d, layers, heads, seq, batch = SIZES[name]
-    cfg = TransformerConfig(d_model=d, n_layers=layers, n_heads=heads, n_kv_heads=heads,
-                            d_ff=int(d * 8 / 3 + 63) // 64 * 64, max_seq_len=seq)
+    cfg = TransformerConfig(
+        d_model=d,
+        n_layers=layers,
+        n_heads=heads,
+        n_kv_heads=heads,
+        d_ff=int(d * 8 / 3 + 63) // 64 * 64,
+        max_seq_len=seq,
+    )
     data = stdlib_batch(batch, seq)
 
     engine = jc.Engine(parallel=jc.ParallelConfig(fsdp=1), devices=jax.devices()[:1])
@@ -87,8 +93,15 @@ def bench_size(name: str, rounds: int, steps: int, compile_torch: bool) -> dict:
     secs = time_alternating(fns, rounds=rounds, steps=steps)
     tok = batch * seq
     return {
-        "config": {"d_model": d, "n_layers": layers, "n_heads": heads, "seq": seq,
-                   "batch": batch, "d_ff": cfg.d_ff, "params": jc.models.count_params(cfg)},
+        "config": {
+            "d_model": d,
+            "n_layers": layers,
+            "n_heads": heads,
+            "seq": seq,
+            "batch": batch,
+            "d_ff": cfg.d_ff,
+            "params": jc.models.count_params(cfg),
+        },
         "tokens_per_s": {k: tok / s for k, s in secs.items()},
         "flops_per_token": training_flops_per_token(cfg, seq),
     }
@@ -121,17 +134,34 @@ def main() -> None:
         r["mfu"] = {k: v * r["flops_per_token"] / (peak * 1e9) for k, v in tps.items()}
         results[name] = r
         for k, v in tps.items():
-            rows.append([name, f"{r['config']['params'] / 1e6:.1f}M", k, f"{v:,.0f}",
-                         f"{v / tps['torch eager']:.2f}", f"{r['mfu'][k]:.2f}"])
-    print_table(f"training tokens/s, float32, AdamW (matmul peak {peak:.0f} GFLOP/s)",
-                ["size", "params", "framework", "tokens/s", "vs eager", "MFU"], rows)
+            rows.append(
+                [
+                    name,
+                    f"{r['config']['params'] / 1e6:.1f}M",
+                    k,
+                    f"{v:,.0f}",
+                    f"{v / tps['torch eager']:.2f}",
+                    f"{r['mfu'][k]:.2f}",
+                ]
+            )
+    print_table(
+        f"training tokens/s, float32, AdamW (matmul peak {peak:.0f} GFLOP/s)",
+        ["size", "params", "framework", "tokens/s", "vs eager", "MFU"],
+        rows,
+    )
     main_size = results[sizes[-1]]
-    write_results("vs_torch_cpu", {
-        "ratio_vs_eager": main_size["ratio_vs_eager"],
-        "ratio_vs_compile": main_size.get("ratio_vs_compile"),
-        "target_ratio_vs_eager": 0.8, "matmul_peak_gflops": peak, "sizes": results,
-        "quick": args.quick, "glibc_tunables": os.environ.get("GLIBC_TUNABLES"),
-    })
+    write_results(
+        "vs_torch_cpu",
+        {
+            "ratio_vs_eager": main_size["ratio_vs_eager"],
+            "ratio_vs_compile": main_size.get("ratio_vs_compile"),
+            "target_ratio_vs_eager": 0.8,
+            "matmul_peak_gflops": peak,
+            "sizes": results,
+            "quick": args.quick,
+            "glibc_tunables": os.environ.get("GLIBC_TUNABLES"),
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -18,8 +18,9 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--quick", action="store_true", help="a smaller model (< 1 min)")
     args = p.parse_args()
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                               + " --xla_force_host_platform_device_count=8")
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    )
     import optax
     from _common import print_table, write_results
 
@@ -34,19 +35,33 @@ def main() -> None:
         params = max(jc.per_device_bytes(state.params).values())
         total = max(jc.per_device_bytes((state.params, state.opt_state)).values())
         per_stage[zero] = total
-        rows.append([zero, f"{params / 2**20:.2f}", f"{(total - params) / 2**20:.2f}",
-                     f"{total / 2**20:.2f}", f"{total / per_stage[0]:.3f}"])
+        rows.append(
+            [
+                zero,
+                f"{params / 2**20:.2f}",
+                f"{(total - params) / 2**20:.2f}",
+                f"{total / 2**20:.2f}",
+                f"{total / per_stage[0]:.3f}",
+            ]
+        )
         del state
     ratio = per_stage[3] / per_stage[0]
-    print_table(f"per-device state, {jc.models.count_params(cfg) / 1e6:.1f}M params, "
-                "AdamW, fsdp=8", ["zero", "params MiB", "optimizer MiB", "total MiB",
-                                  "vs zero 0"], rows)
+    print_table(
+        f"per-device state, {jc.models.count_params(cfg) / 1e6:.1f}M params, AdamW, fsdp=8",
+        ["zero", "params MiB", "optimizer MiB", "total MiB", "vs zero 0"],
+        rows,
+    )
     print(f"zero3/zero0: {ratio:.4f} (target <= 0.13; ideal 1/8 = 0.125)")
-    write_results("zero_memory", {
-        "zero3_over_zero0": ratio, "target": 0.13,
-        "bytes_per_device": {str(k): v for k, v in per_stage.items()},
-        "params": jc.models.count_params(cfg), "quick": args.quick,
-    })
+    write_results(
+        "zero_memory",
+        {
+            "zero3_over_zero0": ratio,
+            "target": 0.13,
+            "bytes_per_device": {str(k): v for k, v in per_stage.items()},
+            "params": jc.models.count_params(cfg),
+            "quick": args.quick,
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -83,10 +83,18 @@ def main(argv: list[str] | None = None) -> int:
         elif args.cmd == "optout":
             from data.optout import add_request
 
-            reg = add_request(args.registry, repo=args.repo, author=args.author,
-                              file_path=args.path, reason=args.reason, date=args.date)
-            print(f"registry {args.registry} now at version {reg.version} "
-                  f"({len(reg.entries)} entries)")
+            reg = add_request(
+                args.registry,
+                repo=args.repo,
+                author=args.author,
+                file_path=args.path,
+                reason=args.reason,
+                date=args.date,
+            )
+            print(
+                f"registry {args.registry} now at version {reg.version} "
+                f"({len(reg.entries)} entries)"
+            )
         elif args.cmd == "stats":
             from data.stats import print_stats
 

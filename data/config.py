@@ -45,11 +45,19 @@ class SourceConfig:
     """Priority used to choose the survivor among near duplicates (higher wins)."""
 
     def __post_init__(self) -> None:
-        _require(self.type in ("dir", "git", "archive"), "sources[].type",
-                 f"unknown source type {self.type!r}", "use one of dir, git, archive")
+        _require(
+            self.type in ("dir", "git", "archive"),
+            "sources[].type",
+            f"unknown source type {self.type!r}",
+            "use one of dir, git, archive",
+        )
         _require(bool(self.path), "sources[].path", "empty path", "give the input's path")
-        _require(self.layout in ("repo", "repos"), "sources[].layout",
-                 f"unknown layout {self.layout!r}", "use repo or repos")
+        _require(
+            self.layout in ("repo", "repos"),
+            "sources[].layout",
+            f"unknown layout {self.layout!r}",
+            "use repo or repos",
+        )
         _require(self.stars >= 0, "sources[].stars", "negative", "use a count >= 0")
 
 
@@ -68,8 +76,12 @@ class IngestConfig:
     rest is dropped as a decompression bomb; source code compresses 3-20x."""
 
     def __post_init__(self) -> None:
-        for f in ("max_file_bytes", "max_archive_bytes", "max_archive_members",
-                  "max_compression_ratio"):
+        for f in (
+            "max_file_bytes",
+            "max_archive_bytes",
+            "max_archive_members",
+            "max_compression_ratio",
+        ):
             _require(getattr(self, f) > 0, f"ingest.{f}", "must be positive", "use a value > 0")
 
 
@@ -99,10 +111,18 @@ class LicenseConfig:
 
     def __post_init__(self) -> None:
         bad = [k for k in self.keep if k not in LICENSE_TYPES]
-        _require(not bad, "license.keep", f"unknown license types {bad}",
-                 f"use values from {list(LICENSE_TYPES)}")
-        _require(0.0 < self.min_score <= 1.0, "license.min_score",
-                 f"{self.min_score} is outside (0, 1]", "use e.g. 0.8")
+        _require(
+            not bad,
+            "license.keep",
+            f"unknown license types {bad}",
+            f"use values from {list(LICENSE_TYPES)}",
+        )
+        _require(
+            0.0 < self.min_score <= 1.0,
+            "license.min_score",
+            f"{self.min_score} is outside (0, 1]",
+            "use e.g. 0.8",
+        )
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -133,8 +153,12 @@ class FilterConfig:
     def __post_init__(self) -> None:
         for f in ("max_lines", "max_line_length", "max_encoded_length", "data_max_lines"):
             _require(getattr(self, f) > 0, f"filters.{f}", "must be positive", "use a value > 0")
-        _require(self.max_avg_line_length > 0, "filters.max_avg_line_length", "must be positive",
-                 "use e.g. 100")
+        _require(
+            self.max_avg_line_length > 0,
+            "filters.max_avg_line_length",
+            "must be positive",
+            "use e.g. 100",
+        )
         for f in ("min_alpha_fraction", "max_encoded_fraction"):
             v = getattr(self, f)
             _require(0.0 <= v <= 1.0, f"filters.{f}", f"{v} is outside [0, 1]", "use a fraction")
@@ -178,15 +202,30 @@ class DedupConfig:
     """datasketch ``storage_config`` (e.g. ``{type: redis, redis: {...}}``) for a shared index."""
 
     def __post_init__(self) -> None:
-        _require(self.num_perm >= 16, "dedup.num_perm", f"{self.num_perm} is too small",
-                 "use 256 (StarCoder2)")
-        _require(self.bands > 0 and self.rows > 0, "dedup.bands/rows", "must be positive",
-                 "use 25 bands x 10 rows")
-        _require(self.bands * self.rows <= self.num_perm, "dedup.bands",
-                 f"bands*rows={self.bands * self.rows} exceeds num_perm={self.num_perm}",
-                 "raise dedup.num_perm or lower bands/rows")
-        _require(0.0 < self.threshold < 1.0, "dedup.threshold", f"{self.threshold} not in (0,1)",
-                 "use e.g. 0.7")
+        _require(
+            self.num_perm >= 16,
+            "dedup.num_perm",
+            f"{self.num_perm} is too small",
+            "use 256 (StarCoder2)",
+        )
+        _require(
+            self.bands > 0 and self.rows > 0,
+            "dedup.bands/rows",
+            "must be positive",
+            "use 25 bands x 10 rows",
+        )
+        _require(
+            self.bands * self.rows <= self.num_perm,
+            "dedup.bands",
+            f"bands*rows={self.bands * self.rows} exceeds num_perm={self.num_perm}",
+            "raise dedup.num_perm or lower bands/rows",
+        )
+        _require(
+            0.0 < self.threshold < 1.0,
+            "dedup.threshold",
+            f"{self.threshold} not in (0,1)",
+            "use e.g. 0.7",
+        )
         _require(self.shingle_size >= 1, "dedup.shingle_size", "must be >= 1", "use 5")
         bad = [p for p in self.priority if p not in ("stars", "recency")]
         _require(not bad, "dedup.priority", f"unknown keys {bad}", "use stars and/or recency")
@@ -216,8 +255,12 @@ class TokenizeConfig:
     eos_token: str = "<|endoftext|>"
 
     def __post_init__(self) -> None:
-        _require(self.vocab_size >= 300, "tokenize.vocab_size", f"{self.vocab_size} < 300",
-                 "use at least 300 (256 bytes + specials + merges)")
+        _require(
+            self.vocab_size >= 300,
+            "tokenize.vocab_size",
+            f"{self.vocab_size} < 300",
+            "use at least 300 (256 bytes + specials + merges)",
+        )
         _require(self.num_shards >= 1, "tokenize.num_shards", "must be >= 1", "use 1 or more")
 
 
@@ -249,10 +292,18 @@ class BuildConfig:
         _require(bool(self.output_dir), "output_dir", "empty", "give an output directory")
         _require(self.num_shards >= 1, "num_shards", f"{self.num_shards} < 1", "use 1 or more")
         _require(self.workers >= 0, "workers", "negative", "use 0 (auto) or a count")
-        _require(self.executor in ("local", "ray"), "executor", f"unknown {self.executor!r}",
-                 "use local or ray")
-        _require(bool(self.version) and "/" not in self.version, "version",
-                 f"bad version label {self.version!r}", "use a name such as v1")
+        _require(
+            self.executor in ("local", "ray"),
+            "executor",
+            f"unknown {self.executor!r}",
+            "use local or ray",
+        )
+        _require(
+            bool(self.version) and "/" not in self.version,
+            "version",
+            f"bad version label {self.version!r}",
+            "use a name such as v1",
+        )
 
     @property
     def version_dir(self) -> Path:
@@ -269,15 +320,20 @@ def _build(cls: type, raw: Any, where: str) -> Any:
     if isinstance(raw, cls):
         return raw
     if not isinstance(raw, dict):
-        raise DataConfigError(where or cls.__name__,
-                              f"expected a mapping, got {type(raw).__name__}",
-                              "write it as key: value pairs")
+        raise DataConfigError(
+            where or cls.__name__,
+            f"expected a mapping, got {type(raw).__name__}",
+            "write it as key: value pairs",
+        )
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(raw) - set(fields))
     if unknown:
-        raise DataConfigError(f"{where}.{unknown[0]}" if where else unknown[0], "unknown key",
-                              f"use one of {sorted(fields)}")
+        raise DataConfigError(
+            f"{where}.{unknown[0]}" if where else unknown[0],
+            "unknown key",
+            f"use one of {sorted(fields)}",
+        )
     kwargs = {}
     for name, value in raw.items():
         kwargs[name] = _coerce(hints[name], value, f"{where}.{name}" if where else name)
@@ -301,8 +357,9 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     if tp in (int, float, str, bool) and not isinstance(value, tp):
-        raise DataConfigError(where, f"expected {tp.__name__}, got {value!r}",
-                              f"write a {tp.__name__}")
+        raise DataConfigError(
+            where, f"expected {tp.__name__}, got {value!r}", f"write a {tp.__name__}"
+        )
     if tp is int and isinstance(value, bool):
         raise DataConfigError(where, f"expected int, got {value!r}", "write a number")
     return value
@@ -317,8 +374,10 @@ def config_from_dict(raw: dict[str, Any], base_dir: str | Path | None = None) ->
         def rel(p: str) -> str:
             return p if not p or Path(p).is_absolute() else str((base / p).resolve())
 
-        raw["sources"] = [dict(s, path=rel(s.get("path", ""))) if isinstance(s, dict) else s
-                          for s in raw.get("sources", [])]
+        raw["sources"] = [
+            dict(s, path=rel(s.get("path", ""))) if isinstance(s, dict) else s
+            for s in raw.get("sources", [])
+        ]
         if "output_dir" in raw:
             raw["output_dir"] = rel(raw["output_dir"])
         for sect, key in (("optout", "registry"), ("tokenize", "tokenizer")):

@@ -32,8 +32,11 @@ def load_needles(config: DecontamConfig) -> list[str]:
                 continue
             if f.endswith(".jsonl"):
                 obj = json.loads(line)
-                raw.extend(v for k, v in obj.items() if k in ("text", "prompt", "solution",
-                                                               "canonical_solution") and v)
+                raw.extend(
+                    v
+                    for k, v in obj.items()
+                    if k in ("text", "prompt", "solution", "canonical_solution") and v
+                )
             else:
                 raw.append(line)
     needles = {normalize(s) for s in raw}

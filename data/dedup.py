@@ -105,13 +105,18 @@ def survivor_order(item: DedupItem, priority: tuple[str, ...]) -> tuple:
     return tuple(key)
 
 
-def find_duplicates(items: Iterable[DedupItem], config: DedupConfig
-                    ) -> tuple[dict[tuple[int, int], tuple[str, tuple[int, int]]], dict[str, int]]:
+def find_duplicates(
+    items: Iterable[DedupItem], config: DedupConfig
+) -> tuple[dict[tuple[int, int], tuple[str, tuple[int, int]]], dict[str, int]]:
     """Map each removed file's key to (reason, survivor key); plus counters."""
     items = sorted(items, key=lambda i: i.key)
     removed: dict[tuple[int, int], tuple[str, tuple[int, int]]] = {}
-    counters = {"exact_clusters": 0, "near_clusters": 0, "lsh_candidates": 0,
-                "rejected_candidates": 0}
+    counters = {
+        "exact_clusters": 0,
+        "near_clusters": 0,
+        "lsh_candidates": 0,
+        "rejected_candidates": 0,
+    }
     order = lambda it: survivor_order(it, config.priority)
     reps: list[DedupItem] = items
     if config.exact:
@@ -137,9 +142,12 @@ def find_duplicates(items: Iterable[DedupItem], config: DedupConfig
     if not config.near:
         return removed, counters
     with_sig = [it for it in reps if it.signature is not None]
-    lsh = MinHashLSH(threshold=config.threshold, num_perm=config.num_perm,
-                     params=(config.bands, config.rows),
-                     storage_config=dict(config.lsh_storage) or None)
+    lsh = MinHashLSH(
+        threshold=config.threshold,
+        num_perm=config.num_perm,
+        params=(config.bands, config.rows),
+        storage_config=dict(config.lsh_storage) or None,
+    )
     by_name: dict[str, DedupItem] = {}
     uf = UnionFind()
     for it in with_sig:

@@ -24,12 +24,19 @@ class LocalPipelineExecutor:
         self.workers = workers or os.cpu_count() or 1
         self.progress = progress
 
-    def map(self, fn: Task, config: dict[str, Any], shards: list[int], desc: str
-            ) -> list[dict[str, Any]]:
+    def map(
+        self, fn: Task, config: dict[str, Any], shards: list[int], desc: str
+    ) -> list[dict[str, Any]]:
         """Results of ``fn(config, shard)`` for each shard, in shard order."""
         results: dict[int, dict[str, Any]] = {}
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                      TimeElapsedColumn(), disable=not self.progress, transient=False) as bar:
+        with Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            disable=not self.progress,
+            transient=False,
+        ) as bar:
             task = bar.add_task(desc, total=len(shards))
             if self.workers == 1 or len(shards) == 1:
                 for s in shards:
@@ -58,17 +65,21 @@ class RayPipelineExecutor:
         self.workers = workers
         self.progress = progress
 
-    def map(self, fn: Task, config: dict[str, Any], shards: list[int], desc: str
-            ) -> list[dict[str, Any]]:
+    def map(
+        self, fn: Task, config: dict[str, Any], shards: list[int], desc: str
+    ) -> list[dict[str, Any]]:
         import json
 
         import ray
 
         if not ray.is_initialized():
             root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-            ray.init(runtime_env={"env_vars": {"PYTHONPATH": root}},
-                     num_cpus=self.workers or None, include_dashboard=False,
-                     log_to_driver=False)
+            ray.init(
+                runtime_env={"env_vars": {"PYTHONPATH": root}},
+                num_cpus=self.workers or None,
+                include_dashboard=False,
+                log_to_driver=False,
+            )
         ctx = ray.data.DataContext.get_current()
         ctx.enable_progress_bars = self.progress
 
@@ -81,8 +92,9 @@ class RayPipelineExecutor:
         return [by_shard[s] for s in shards]
 
 
-def make_executor(kind: str, workers: int, progress: bool
-                  ) -> LocalPipelineExecutor | RayPipelineExecutor:
+def make_executor(
+    kind: str, workers: int, progress: bool
+) -> LocalPipelineExecutor | RayPipelineExecutor:
     """The executor a config names."""
     if kind == "ray":
         return RayPipelineExecutor(workers, progress)

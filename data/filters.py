@@ -20,7 +20,8 @@ _BASE64 = re.compile(BASE64)
 _H = "[0-9a-fA-F]"
 _HEX = re.compile(
     rf"(?:0(?<!\w0)x{_H}{{2}}|\\(?<=\w\\)x{_H}{{2}}|{_H}(?<!\w.){_H})(?:,|(?!\w)\s*)"
-    rf"(?:\b(?:0x|\\x)?{_H}{{2}}(?:,|\b\s*)){{7,}}")
+    rf"(?:\b(?:0x|\\x)?{_H}{{2}}(?:,|\b\s*)){{7,}}"
+)
 _UNICODE = re.compile(r"\\u[0-9a-fA-F]{4}(?:\\u[0-9a-fA-F]{4}){7,}")  # literal prefix
 _ALPHA = re.compile(r"[^\W\d_]+")  # runs of letters (str.isalpha), counted in C
 _NON_ASCII = re.compile(r"[^\x00-\x7f]+")
@@ -28,8 +29,12 @@ _ASCII_LETTERS = bytes(range(65, 91)) + bytes(range(97, 123))
 # Bytes of the base64 class -> "a", all else (non-ASCII UTF-8 bytes included) -> " ": a file
 # without 64 "a"s in a row has no base64 run, found by one translate and one substring
 # search (most files; the regex then never runs).
-_B64_TABLE = bytes(0x61 if bytes([b]) in b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
-                   b"0123456789+/\n=" else 0x20 for b in range(256))
+_B64_TABLE = bytes(
+    0x61
+    if bytes([b]) in b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/\n="
+    else 0x20
+    for b in range(256)
+)
 _B64_RUN = b"a" * 64
 
 

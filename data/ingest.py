@@ -72,24 +72,37 @@ def plan_units(sources: Iterable[SourceConfig]) -> list[RepoUnit]:
                 if child.is_symlink():
                     continue
                 if src.type == "archive" and _is_archive(child):
-                    units.append(RepoUnit(_archive_name(child), "archive", str(child), src.stars,
-                                          child.stat().st_size))
+                    units.append(
+                        RepoUnit(
+                            _archive_name(child),
+                            "archive",
+                            str(child),
+                            src.stars,
+                            child.stat().st_size,
+                        )
+                    )
                 elif src.type == "git" and child.is_dir():
                     units.append(RepoUnit(child.name, "git", str(child), src.stars, 1))
                 elif src.type == "dir" and child.is_dir():
-                    units.append(RepoUnit(child.name, "dir", str(child), src.stars,
-                                          _dir_weight(child)))
+                    units.append(
+                        RepoUnit(child.name, "dir", str(child), src.stars, _dir_weight(child))
+                    )
         else:
             name = src.name or (_archive_name(p) if src.type == "archive" else p.name)
-            weight = p.stat().st_size if src.type == "archive" else (
-                _dir_weight(p) if src.type == "dir" else 1)
+            weight = (
+                p.stat().st_size
+                if src.type == "archive"
+                else (_dir_weight(p) if src.type == "dir" else 1)
+            )
             units.append(RepoUnit(name, src.type, str(p), src.stars, weight))
     units.sort()
     names = [u.name for u in units]
     dups = sorted({n for n in names if names.count(n) > 1})
     if dups:
-        raise BuildError(f"repository names must be unique; duplicated: {dups[:5]} "
-                         "(set sources[].name to tell them apart)")
+        raise BuildError(
+            f"repository names must be unique; duplicated: {dups[:5]} "
+            "(set sources[].name to tell them apart)"
+        )
     return units
 
 
@@ -114,8 +127,10 @@ def assign_shards(units: list[RepoUnit], num_shards: int) -> list[list[RepoUnit]
 
 # Well-formed UTF-8 multi-byte sequences: a file holding these and invalid bytes is
 # damaged UTF-8, not text in a legacy code page.
-_UTF8_MULTIBYTE = re.compile(rb"[\xc2-\xdf][\x80-\xbf]|[\xe0-\xef][\x80-\xbf]{2}|"
-                             rb"[\xf0-\xf4][\x80-\xbf]{3}")
+_UTF8_MULTIBYTE = re.compile(
+    rb"[\xc2-\xdf][\x80-\xbf]|[\xe0-\xef][\x80-\xbf]{2}|"
+    rb"[\xf0-\xf4][\x80-\xbf]{3}"
+)
 MAX_CHAOS = 0.1
 """charset-normalizer "chaos" (mess ratio) above which a detection is not trusted."""
 
@@ -170,8 +185,9 @@ class IngestStep(Step):
 
         t0, c0 = time.perf_counter(), time.thread_time()
         for unit in records:
-            reader = {"dir": self._read_dir, "git": self._read_git,
-                      "archive": self._read_archive}[unit.kind]
+            reader = {"dir": self._read_dir, "git": self._read_git, "archive": self._read_archive}[
+                unit.kind
+            ]
             for rec, raw in reader(unit, stats):
                 rec.shard, rec.index, rec.stars = rank, index, unit.stars
                 index += 1
@@ -205,10 +221,14 @@ class IngestStep(Step):
     def _read_dir(self, unit: RepoUnit, stats: StageStats) -> Iterator[Entry]:
         root = Path(unit.path)
         for dirpath, dirs, files in os.walk(root):
-            dirs[:] = sorted(d for d in dirs if d != ".git" and not os.path.islink(
-                os.path.join(dirpath, d)))
-            link_dirs = [d for d in os.listdir(dirpath) if d not in files and os.path.islink(
-                os.path.join(dirpath, d))]
+            dirs[:] = sorted(
+                d for d in dirs if d != ".git" and not os.path.islink(os.path.join(dirpath, d))
+            )
+            link_dirs = [
+                d
+                for d in os.listdir(dirpath)
+                if d not in files and os.path.islink(os.path.join(dirpath, d))
+            ]
             for f in sorted(files + link_dirs):
                 full = os.path.join(dirpath, f)
                 rel = os.path.relpath(full, root).replace(os.sep, "/")
@@ -247,25 +267,43 @@ class IngestStep(Step):
     def _read_git(self, unit: RepoUnit, stats: StageStats) -> Iterator[Entry]:
         path = unit.path
         commit, date = git_head(path)
-        listing = subprocess.run(["git", "-C", path, "ls-tree", "-r", "-z", "-l", "--full-tree",
-                                  commit], capture_output=True, check=True).stdout
+        listing = subprocess.run(
+            ["git", "-C", path, "ls-tree", "-r", "-z", "-l", "--full-tree", commit],
+            capture_output=True,
+            check=True,
+        ).stdout
         entries = []
         for item in listing.split(b"\0"):
             if not item:
                 continue
             meta, name = item.split(b"\t", 1)
             mode, kind, sha, size = meta.split()
-            entries.append((name.decode("utf-8", "surrogateescape"), mode.decode(), kind.decode(),
-                            sha.decode(), size.decode()))
+            entries.append(
+                (
+                    name.decode("utf-8", "surrogateescape"),
+                    mode.decode(),
+                    kind.decode(),
+                    sha.decode(),
+                    size.decode(),
+                )
+            )
         entries.sort()
         authors = git_file_authors(path, commit)
-        proc = subprocess.Popen(["git", "-C", path, "cat-file", "--batch"], stdin=subprocess.PIPE,
-                                stdout=subprocess.PIPE)
+        proc = subprocess.Popen(
+            ["git", "-C", path, "cat-file", "--batch"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
         assert proc.stdin is not None and proc.stdout is not None
         try:
             for name, mode, kind, sha, size in entries:
-                rec = FileRecord(repo=unit.name, path=name, commit=commit, commit_date=date,
-                                 authors=authors.get(name, ()))
+                rec = FileRecord(
+                    repo=unit.name,
+                    path=name,
+                    commit=commit,
+                    commit_date=date,
+                    authors=authors.get(name, ()),
+                )
                 rec.size = int(size) if size.isdigit() else 0
                 if mode == "120000":
                     rec.drop(self.name, "symlink")
@@ -288,26 +326,35 @@ class IngestStep(Step):
             proc.wait()
 
     # -- archives ----------------------------------------------------------------------
-    def _read_archive(self, unit: RepoUnit, stats: StageStats
-                      ) -> Iterator[Entry]:
+    def _read_archive(self, unit: RepoUnit, stats: StageStats) -> Iterator[Entry]:
         reader = self._read_zip if unit.path.lower().endswith(".zip") else self._read_tar
         # Expanded bytes allowed: the byte budget, and the ratio times the archive's size
         # (with 1 MiB of slack so tiny archives of small files pass).
-        ratio_cap = int(self.config.max_compression_ratio * max(os.path.getsize(unit.path),
-                                                                1 << 20))
+        ratio_cap = int(
+            self.config.max_compression_ratio * max(os.path.getsize(unit.path), 1 << 20)
+        )
         budget = [min(self.config.max_archive_bytes, ratio_cap), self.config.max_archive_members]
         self._ratio_bound = ratio_cap < self.config.max_archive_bytes
         try:
             yield from reader(unit, budget)
-        except (tarfile.TarError, zipfile.BadZipFile, zlib.error, EOFError, OSError, ValueError,
-                NotImplementedError, RuntimeError) as e:
+        except (
+            tarfile.TarError,
+            zipfile.BadZipFile,
+            zlib.error,
+            EOFError,
+            OSError,
+            ValueError,
+            NotImplementedError,
+            RuntimeError,
+        ) as e:
             rec = FileRecord(repo=unit.name, path="")
             rec.drop(self.name, f"corrupt_archive:{type(e).__name__}")
             stats.count("corrupt_archives")
             yield rec, None
 
-    def _member(self, unit: RepoUnit, name: str, size: int, kind: str, budget: list[int],
-                read) -> tuple[FileRecord, bytes | None] | None:
+    def _member(
+        self, unit: RepoUnit, name: str, size: int, kind: str, budget: list[int], read
+    ) -> tuple[FileRecord, bytes | None] | None:
         rec = FileRecord(repo=unit.name, path=name, size=max(size, 0))
         safe = safe_member_path(name)
         if budget[1] <= 0 or budget[0] <= 0:
@@ -333,27 +380,41 @@ class IngestStep(Step):
         budget[0] -= len(raw)
         if len(raw) > limit:
             # The declared size lied (a decompression bomb): stop at the bound.
-            rec.drop(self.name, "too_large" if limit == self.config.max_file_bytes
-                     else self._budget_reason())
+            rec.drop(
+                self.name,
+                "too_large" if limit == self.config.max_file_bytes else self._budget_reason(),
+            )
             budget[0] = min(budget[0], 0) if limit != self.config.max_file_bytes else budget[0]
             return rec, None
         rec.size = len(raw)
         return rec, raw
 
     def _budget_reason(self) -> str:
-        return ("compression_ratio_exceeded" if getattr(self, "_ratio_bound", False)
-                else "archive_budget_exceeded")
+        return (
+            "compression_ratio_exceeded"
+            if getattr(self, "_ratio_bound", False)
+            else "archive_budget_exceeded"
+        )
 
     def _read_tar(self, unit: RepoUnit, budget: list[int]) -> Iterator[Entry]:
         with tarfile.open(unit.path, mode="r|*") as tf:
             for m in tf:
-                kind = "link" if (m.issym() or m.islnk()) else ("file" if m.isfile() else (
-                    "dir" if m.isdir() else "special"))
+                kind = (
+                    "link"
+                    if (m.issym() or m.islnk())
+                    else ("file" if m.isfile() else ("dir" if m.isdir() else "special"))
+                )
                 if kind == "dir":
                     continue
                 fh = tf.extractfile(m) if kind == "file" else None
-                out = self._member(unit, m.name, m.size, kind, budget,
-                                   fh.read if fh is not None else (lambda n: b""))
+                out = self._member(
+                    unit,
+                    m.name,
+                    m.size,
+                    kind,
+                    budget,
+                    fh.read if fh is not None else (lambda n: b""),
+                )
                 if out is not None:
                     yield out
                 if out is not None and out[0].drop_reason in BUDGET_REASONS:
@@ -365,15 +426,19 @@ class IngestStep(Step):
                 if info.is_dir():
                     continue
                 if info.file_size > self.config.max_compression_ratio * max(
-                        info.compress_size, 1 << 16):
+                    info.compress_size, 1 << 16
+                ):
                     rec = FileRecord(repo=unit.name, path=info.filename, size=info.file_size)
                     rec.drop(self.name, "compression_ratio_exceeded")
                     yield rec, None
                     continue
                 mode = (info.external_attr >> 16) & 0xFFFF
                 fmt = stat.S_IFMT(mode)  # 0 when the archiver stored no file type
-                kind = "link" if stat.S_ISLNK(mode) else ("file" if (
-                    fmt == 0 or stat.S_ISREG(mode)) else "special")
+                kind = (
+                    "link"
+                    if stat.S_ISLNK(mode)
+                    else ("file" if (fmt == 0 or stat.S_ISREG(mode)) else "special")
+                )
                 opened = []
 
                 def read(n: int, info=info, opened=opened) -> bytes:
@@ -394,10 +459,22 @@ class IngestStep(Step):
 
 def git_file_authors(path: str, commit: str) -> dict[str, tuple[str, ...]]:
     """``Name <email>`` of every author who committed to each file, from one ``git log``."""
-    out = subprocess.run(["git", "-C", path, "-c", "core.quotePath=false", "log",
-                          "--no-renames", "--format=%x01%an <%ae>", "--name-only", commit],
-                         capture_output=True, check=False).stdout.decode("utf-8",
-                                                                        "surrogateescape")
+    out = subprocess.run(
+        [
+            "git",
+            "-C",
+            path,
+            "-c",
+            "core.quotePath=false",
+            "log",
+            "--no-renames",
+            "--format=%x01%an <%ae>",
+            "--name-only",
+            commit,
+        ],
+        capture_output=True,
+        check=False,
+    ).stdout.decode("utf-8", "surrogateescape")
     found: dict[str, set[str]] = {}
     for block in out.split("\x01")[1:]:
         who, *files = block.split("\n")
@@ -411,8 +488,9 @@ def git_head(path: str) -> tuple[str, str]:
     """The latest commit of the default branch of a local repository, and its ISO date."""
 
     def git(*args: str) -> str:
-        return subprocess.run(["git", "-C", path, *args], capture_output=True, text=True,
-                              check=False).stdout.strip()
+        return subprocess.run(
+            ["git", "-C", path, *args], capture_output=True, text=True, check=False
+        ).stdout.strip()
 
     ref = git("symbolic-ref", "-q", "refs/remotes/origin/HEAD") or "HEAD"
     commit = git("rev-parse", "--verify", "-q", ref + "^{commit}")

@@ -26,52 +26,172 @@ from data.step import Step
 
 # Pygments name -> linguist name, where they differ (linguist's languages.yml spelling).
 LINGUIST_NAMES = {
-    "Bash": "Shell", "Matlab": "MATLAB", "Docker": "Dockerfile", "Text only": "Text",
-    "EmacsLisp": "Emacs Lisp", "VimL": "Vim Script", "CUDA": "Cuda", "Base Makefile": "Makefile",
-    "Nginx configuration file": "Nginx", "GAS": "Unix Assembly", "NASM": "Assembly",
-    "TASM": "Assembly", "Django/Jinja": "Jinja", "HTML+Django/Jinja": "HTML+Django",
-    "Python 2.x": "Python", "JSONLD": "JSON-LD", "Groff": "Roff", "Properties": "Java Properties",
-    "Perl6": "Raku", "S": "R", "FortranFixed": "Fortran", "Delphi": "Pascal",
-    "VB.net": "Visual Basic .NET", "PostgreSQL SQL dialect": "PLpgSQL", "Terraform": "HCL",
-    "verilog": "Verilog", "systemverilog": "SystemVerilog", "vhdl": "VHDL",
-    "Rocq Prover": "Coq", "COBOLFree": "COBOL", "aspx-cs": "ASP.NET", "aspx-vb": "ASP.NET",
-    "Tcsh": "Tcsh", "Batchfile": "Batchfile", "MySQL": "SQL", "Transact-SQL": "TSQL",
-    "Gettext Catalog": "Gettext Catalog", "Protocol Buffer": "Protocol Buffer",
-    "Cython": "Cython", "Objective-J": "Objective-J", "reStructuredText": "reStructuredText",
-    "XML+Django/Jinja": "XML", "SQL+Jinja": "SQL", "JavaScript+Django/Jinja": "JavaScript",
-    "TOML": "TOML", "Jinja": "Jinja", "PowerShell": "PowerShell", "Fish": "fish",
-    "Python Traceback": "Python traceback", "Debian Control file": "Debian Package Control File",
-    "Kconfig": "Kconfig", "Meson": "Meson", "GraphQL": "GraphQL", "Nix": "Nix", "QML": "QML",
-    "Kotlin": "Kotlin", "Nushell": "Nushell", "Csound Document": "Csound Document",
+    "Bash": "Shell",
+    "Matlab": "MATLAB",
+    "Docker": "Dockerfile",
+    "Text only": "Text",
+    "EmacsLisp": "Emacs Lisp",
+    "VimL": "Vim Script",
+    "CUDA": "Cuda",
+    "Base Makefile": "Makefile",
+    "Nginx configuration file": "Nginx",
+    "GAS": "Unix Assembly",
+    "NASM": "Assembly",
+    "TASM": "Assembly",
+    "Django/Jinja": "Jinja",
+    "HTML+Django/Jinja": "HTML+Django",
+    "Python 2.x": "Python",
+    "JSONLD": "JSON-LD",
+    "Groff": "Roff",
+    "Properties": "Java Properties",
+    "Perl6": "Raku",
+    "S": "R",
+    "FortranFixed": "Fortran",
+    "Delphi": "Pascal",
+    "VB.net": "Visual Basic .NET",
+    "PostgreSQL SQL dialect": "PLpgSQL",
+    "Terraform": "HCL",
+    "verilog": "Verilog",
+    "systemverilog": "SystemVerilog",
+    "vhdl": "VHDL",
+    "Rocq Prover": "Coq",
+    "COBOLFree": "COBOL",
+    "aspx-cs": "ASP.NET",
+    "aspx-vb": "ASP.NET",
+    "Tcsh": "Tcsh",
+    "Batchfile": "Batchfile",
+    "MySQL": "SQL",
+    "Transact-SQL": "TSQL",
+    "Gettext Catalog": "Gettext Catalog",
+    "Protocol Buffer": "Protocol Buffer",
+    "Cython": "Cython",
+    "Objective-J": "Objective-J",
+    "reStructuredText": "reStructuredText",
+    "XML+Django/Jinja": "XML",
+    "SQL+Jinja": "SQL",
+    "JavaScript+Django/Jinja": "JavaScript",
+    "TOML": "TOML",
+    "Jinja": "Jinja",
+    "PowerShell": "PowerShell",
+    "Fish": "fish",
+    "Python Traceback": "Python traceback",
+    "Debian Control file": "Debian Package Control File",
+    "Kconfig": "Kconfig",
+    "Meson": "Meson",
+    "GraphQL": "GraphQL",
+    "Nix": "Nix",
+    "QML": "QML",
+    "Kotlin": "Kotlin",
+    "Nushell": "Nushell",
+    "Csound Document": "Csound Document",
 }
 
 # identify tags with no Pygments lexer: tag -> linguist name.
 IDENTIFY_NAMES = {
-    "svg": "SVG", "csv": "CSV", "tsv": "TSV", "jupyter": "Jupyter Notebook", "plist": "XML",
-    "pyi": "Python", "pyz": "Python", "jenkins": "Groovy", "gitignore": "Ignore List",
-    "dockerignore": "Ignore List", "editorconfig": "EditorConfig",
+    "svg": "SVG",
+    "csv": "CSV",
+    "tsv": "TSV",
+    "jupyter": "Jupyter Notebook",
+    "plist": "XML",
+    "pyi": "Python",
+    "pyz": "Python",
+    "jenkins": "Groovy",
+    "gitignore": "Ignore List",
+    "dockerignore": "Ignore List",
+    "editorconfig": "EditorConfig",
     "gitattributes": "Git Attributes",
-    "pip-requirements": "Pip Requirements", "lektorproject": "INI", "pem": "Text",
-    "license": "Text", "markdown": "Markdown", "plain-text": "Text", "tex": "TeX",
-    "gitmodules": "INI", "bazel": "Starlark", "nimble": "Nim", "sh": "Shell", "shell": "Shell",
+    "pip-requirements": "Pip Requirements",
+    "lektorproject": "INI",
+    "pem": "Text",
+    "license": "Text",
+    "markdown": "Markdown",
+    "plain-text": "Text",
+    "tex": "TeX",
+    "gitmodules": "INI",
+    "bazel": "Starlark",
+    "nimble": "Nim",
+    "sh": "Shell",
+    "shell": "Shell",
 }
-GENERIC_TAGS = frozenset({
-    "text", "binary", "executable", "non-executable", "file", "symlink", "directory", "header",
-    "image", "audio", "video", "archive", "font", "zip", "gzip", "c++", "c", "xml", "json",
-})
+GENERIC_TAGS = frozenset(
+    {
+        "text",
+        "binary",
+        "executable",
+        "non-executable",
+        "file",
+        "symlink",
+        "directory",
+        "header",
+        "image",
+        "audio",
+        "video",
+        "archive",
+        "font",
+        "zip",
+        "gzip",
+        "c++",
+        "c",
+        "xml",
+        "json",
+    }
+)
 
 # Default for extensions Pygments gives to several lexers and no heuristic decides.
 AMBIGUOUS_DEFAULT = {
-    "h": "C", "m": "Objective-C", "pl": "Perl", "pm": "Perl", "t": "Perl", "inc": "PHP",
-    "r": "R", "s": "Unix Assembly", "sql": "SQL", "fs": "F#", "v": "Verilog", "cl": "Common Lisp",
-    "pro": "Prolog", "asm": "Assembly", "bas": "Visual Basic .NET", "hh": "C++", "c": "C",
-    "cp": "C++", "mm": "Objective-C++", "xsl": "XSLT", "xslt": "XSLT", "toc": "TeX", "b": "Limbo",
-    "as": "ActionScript", "feature": "Gherkin", "ecl": "ECL", "j": "Objective-J", "lean": "Lean",
-    "n": "Nemerle", "p": "OpenEdge ABL", "prolog": "Prolog", "sc": "SuperCollider",
-    "scd": "SuperCollider", "ttl": "Turtle", "tst": "Scilab", "def": "Modula-2", "i": "SWIG",
-    "inf": "INI", "g": "ANTLR", "gd": "GDScript", "mac": "Maxima", "mi": "Mason", "u": "UrbiScript",
-    "bug": "BUGS", "rl": "Ragel", "ts": "TypeScript", "md": "Markdown", "rs": "Rust",
-    "cls": "TeX", "d": "D", "ml": "OCaml", "yy": "Yacc", "ino": "C++",
+    "h": "C",
+    "m": "Objective-C",
+    "pl": "Perl",
+    "pm": "Perl",
+    "t": "Perl",
+    "inc": "PHP",
+    "r": "R",
+    "s": "Unix Assembly",
+    "sql": "SQL",
+    "fs": "F#",
+    "v": "Verilog",
+    "cl": "Common Lisp",
+    "pro": "Prolog",
+    "asm": "Assembly",
+    "bas": "Visual Basic .NET",
+    "hh": "C++",
+    "c": "C",
+    "cp": "C++",
+    "mm": "Objective-C++",
+    "xsl": "XSLT",
+    "xslt": "XSLT",
+    "toc": "TeX",
+    "b": "Limbo",
+    "as": "ActionScript",
+    "feature": "Gherkin",
+    "ecl": "ECL",
+    "j": "Objective-J",
+    "lean": "Lean",
+    "n": "Nemerle",
+    "p": "OpenEdge ABL",
+    "prolog": "Prolog",
+    "sc": "SuperCollider",
+    "scd": "SuperCollider",
+    "ttl": "Turtle",
+    "tst": "Scilab",
+    "def": "Modula-2",
+    "i": "SWIG",
+    "inf": "INI",
+    "g": "ANTLR",
+    "gd": "GDScript",
+    "mac": "Maxima",
+    "mi": "Mason",
+    "u": "UrbiScript",
+    "bug": "BUGS",
+    "rl": "Ragel",
+    "ts": "TypeScript",
+    "md": "Markdown",
+    "rs": "Rust",
+    "cls": "TeX",
+    "d": "D",
+    "ml": "OCaml",
+    "yy": "Yacc",
+    "ino": "C++",
 }
 
 # Extensions linguist gives their own language where Pygments folds them into another.
@@ -81,18 +201,36 @@ EXTENSION_OVERRIDES = {"svg": "SVG", "ipynb": "Jupyter Notebook", "csv": "CSV", 
 _H = re.MULTILINE
 HEURISTICS: dict[str, list[tuple[str, re.Pattern[str]]]] = {
     "h": [
-        ("Objective-C", re.compile(r"^\s*(@(interface|class|protocol|property|end|implementation)"
-                                   r"\b|#\s*import\s+[<\"])", _H)),
-        ("C++", re.compile(r"^\s*(template\s*<|namespace\s+\w*\s*\{|class\s+\w+(\s*final)?\s*"
-                           r"[:{]|using\s+namespace\b|(public|private|protected)\s*:|#\s*include"
-                           r"\s*<(algorithm|array|atomic|chrono|cstd\w+|functional|iostream|map|"
-                           r"memory|mutex|optional|set|sstream|string|thread|tuple|"
-                           r"type_traits|unordered_map|utility|vector)>)|\bstd::\w|"
-                           r"\b(constexpr|nullptr|noexcept|static_assert)\b", _H)),
+        (
+            "Objective-C",
+            re.compile(
+                r"^\s*(@(interface|class|protocol|property|end|implementation)"
+                r"\b|#\s*import\s+[<\"])",
+                _H,
+            ),
+        ),
+        (
+            "C++",
+            re.compile(
+                r"^\s*(template\s*<|namespace\s+\w*\s*\{|class\s+\w+(\s*final)?\s*"
+                r"[:{]|using\s+namespace\b|(public|private|protected)\s*:|#\s*include"
+                r"\s*<(algorithm|array|atomic|chrono|cstd\w+|functional|iostream|map|"
+                r"memory|mutex|optional|set|sstream|string|thread|tuple|"
+                r"type_traits|unordered_map|utility|vector)>)|\bstd::\w|"
+                r"\b(constexpr|nullptr|noexcept|static_assert)\b",
+                _H,
+            ),
+        ),
     ],
     "m": [
-        ("Objective-C", re.compile(r"^\s*(@(interface|implementation|protocol|property|end)\b|"
-                                   r"#\s*import\s+[<\"]|#\s*include\s+[<\"])", _H)),
+        (
+            "Objective-C",
+            re.compile(
+                r"^\s*(@(interface|implementation|protocol|property|end)\b|"
+                r"#\s*import\s+[<\"]|#\s*include\s+[<\"])",
+                _H,
+            ),
+        ),
         ("Mercury", re.compile(r"^:-\s*module\b", _H)),
         ("MUF", re.compile(r"^: ", _H)),
         ("Mathematica", re.compile(r"^\s*\(\*|\bBeginPackage\[|:=\s*Module\[", _H)),
@@ -119,8 +257,10 @@ HEURISTICS: dict[str, list[tuple[str, re.Pattern[str]]]] = {
     "cls": [
         ("TeX", re.compile(r"\\(ProvidesClass|NeedsTeXFormat|LoadClass)\b")),
         ("Visual Basic 6.0", re.compile(r"^\s*(VERSION\s+1\.0\s+CLASS|Attribute VB_)", _H)),
-        ("Apex", re.compile(r"\b(public|private|global)\s+(with|without)?\s*(sharing\s+)?class\b",
-                            re.I)),
+        (
+            "Apex",
+            re.compile(r"\b(public|private|global)\s+(with|without)?\s*(sharing\s+)?class\b", re.I),
+        ),
     ],
     "v": [("Coq", re.compile(r"^\s*(Require|Theorem|Lemma|Proof|Qed|Definition|Inductive)\b", _H))],
     "md": [("GCC Machine Description", re.compile(r"^\s*\((define_|;;)", _H))],
@@ -130,8 +270,10 @@ HEURISTICS: dict[str, list[tuple[str, re.Pattern[str]]]] = {
     "sql": [
         ("PLpgSQL", re.compile(r"\$\$\s*LANGUAGE\s+plpgsql|\bRETURNS\s+TRIGGER\b", re.I)),
         ("TSQL", re.compile(r"^\s*GO\s*$|\bIF\s+OBJECT_ID\b|\bNVARCHAR\b", _H | re.I)),
-        ("PLSQL", re.compile(r"\bCREATE\s+OR\s+REPLACE\s+PACKAGE\b|\bBEGIN\b[\s\S]*\bEXCEPTION\b",
-                             re.I)),
+        (
+            "PLSQL",
+            re.compile(r"\bCREATE\s+OR\s+REPLACE\s+PACKAGE\b|\bBEGIN\b[\s\S]*\bEXCEPTION\b", re.I),
+        ),
     ],
     "fs": [("Forth", re.compile(r"^\s*: \S+|\bVARIABLE\b", _H))],
     "t": [
@@ -142,7 +284,8 @@ HEURISTICS: dict[str, list[tuple[str, re.Pattern[str]]]] = {
 }
 
 _MODELINE_VIM = re.compile(
-    r"(?:vim?|ex)\s*:(?:\s*set?)?[^\n]*?\b(?:ft|filetype|syntax)=([\w+#.-]+)")
+    r"(?:vim?|ex)\s*:(?:\s*set?)?[^\n]*?\b(?:ft|filetype|syntax)=([\w+#.-]+)"
+)
 _MODELINE_EMACS = re.compile(r"-\*-(?:[^\n]*?mode:\s*([\w+#.-]+)|\s*([\w+#.-]+)\s*)-\*-", re.I)
 _SHEBANG = re.compile(r"^#!\s*(\S+)(?:\s+(\S+))?")
 
@@ -154,7 +297,8 @@ VENDORED = re.compile(
     r"react|vue|underscore|lodash|backbone|ember|handlebars|moment)([^/]*)\.js$|"
     r"\.min\.(js|css)$|(^|/)(gradlew|gradlew\.bat|mvnw|mvnw\.cmd)$|(^|/)\.gradle/|"
     r"(^|/)(config\.guess|config\.sub|configure|install-sh|ltmain\.sh|depcomp|missing)$",
-    re.I)
+    re.I,
+)
 
 # linguist generated.rb (condensed): paths and header phrases of generated files.
 GENERATED_PATHS = re.compile(
@@ -162,13 +306,15 @@ GENERATED_PATHS = re.compile(
     r"poetry\.lock|Pipfile\.lock|composer\.lock|Gemfile\.lock|go\.sum|flake\.lock|uv\.lock|"
     r"pdm\.lock|mix\.lock|Podfile\.lock|gradle\.lockfile)$|_pb2(_grpc)?\.pyi?$|\.pb\.(go|cc|h)$|"
     r"\.pb\.swift$|\.(designer|g|generated|freezed)\.(cs|dart|vb)$|\.js\.map$|\.css\.map$|\.map$|"
-    r"(^|/)__generated__/|\.g4\.(java|py)$|(^|/)(gen|generated)/.*\.(java|go|py|ts|cs)$")
+    r"(^|/)__generated__/|\.g4\.(java|py)$|(^|/)(gen|generated)/.*\.(java|go|py|ts|cs)$"
+)
 GENERATED_HEADER = re.compile(
     r"(?i)(code generated\b.*\bdo not edit|@generated\b|autogenerated|auto-generated|"
     r"automatically generated|generated by (cython|swig|the protocol buffer compiler|protoc|"
     r"thrift|bison|flex|javacc|antlr|jooq|mako|pyinstaller|pip-compile|sphinx|doxygen|"
     r"gperf|flatc|cmake|django|xsd|wsdl|ragel)|this file (was|is) (automatically )?generated|"
-    r"do not edit (this file|manually|by hand))")
+    r"do not edit (this file|manually|by hand))"
+)
 
 
 def _linguist(name: str) -> str:
@@ -176,8 +322,9 @@ def _linguist(name: str) -> str:
 
 
 @functools.cache
-def _tables() -> tuple[dict[str, list[str]], dict[str, list[str]], list[tuple[str, str]],
-                       dict[str, str]]:
+def _tables() -> tuple[
+    dict[str, list[str]], dict[str, list[str]], list[tuple[str, str]], dict[str, str]
+]:
     """(ext -> languages, exact filename -> languages, wildcard patterns, alias -> language)."""
     by_ext: dict[str, list[str]] = {}
     by_name: dict[str, list[str]] = {}
@@ -231,8 +378,9 @@ def _interpreter_language(interp: str) -> str | None:
     candidates = [base, re.sub(r"[\d.]+$", "", base)]
     for c in candidates:
         if c in id_interp.INTERPRETERS:
-            lang = _from_identify_tags(id_interp.INTERPRETERS[c] - {"shell"} or
-                                       id_interp.INTERPRETERS[c])
+            lang = _from_identify_tags(
+                id_interp.INTERPRETERS[c] - {"shell"} or id_interp.INTERPRETERS[c]
+            )
             if c in ("sh", "bash", "zsh", "ksh", "dash", "ash"):
                 return "Shell"
             if lang:

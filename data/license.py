@@ -30,11 +30,14 @@ from data.step import StepRun
 
 LICENSE_FILE = re.compile(
     r"^(un)?licen[cs]e([-_.][\w.-]+)?$|^copying([-_.][\w.-]+)?$|^copyright(\.\w+)?$|"
-    r"^notice(\.\w+)?$|^mit-license(\.\w+)?$", re.I)
+    r"^notice(\.\w+)?$|^mit-license(\.\w+)?$",
+    re.I,
+)
 README_FILE = re.compile(r"^readme(\.\w+)?$", re.I)
 SPDX_LINE = re.compile(r"SPDX-License-Identifier:\s*([^\n*#]+?)\s*(?:\*/|-->|#}|$)", re.M)
-_README_SECTION = re.compile(r"^(#+\s*|)licen[cs]e\s*:?\s*$\n(?:[-=]+\s*\n)?([\s\S]{0,3000})",
-                             re.M | re.I)
+_README_SECTION = re.compile(
+    r"^(#+\s*|)licen[cs]e\s*:?\s*$\n(?:[-=]+\s*\n)?([\s\S]{0,3000})", re.M | re.I
+)
 
 PERMISSIVE = "permissive"
 NO_LICENSE = "no_license"
@@ -53,14 +56,16 @@ def _licensing() -> license_expression.Licensing:
 def permissive_ids() -> frozenset[str]:
     """SPDX ids on the allow-list: Blue Oak's list plus ScanCode Permissive/Public Domain."""
     ids: set[str] = set()
-    blueoak = json.loads((Path(__file__).parent / "resources" /
-                          "blueoak-list-15.0.0.json").read_text())
+    blueoak = json.loads(
+        (Path(__file__).parent / "resources" / "blueoak-list-15.0.0.json").read_text()
+    )
     for rating in blueoak:
         ids.update(lic["id"] for lic in rating["licenses"])
     index_path = Path(license_expression.__file__).parent / "data" / "scancode-licensedb-index.json"
     for entry in json.loads(index_path.read_text()):
         if entry.get("category") in ("Permissive", "Public Domain") and not entry.get(
-                "is_exception"):
+            "is_exception"
+        ):
             for key in [entry.get("spdx_license_key"), *entry.get("other_spdx_license_keys", [])]:
                 if key and not key.startswith("LicenseRef-"):
                     ids.add(key)
@@ -140,12 +145,13 @@ def license_of_file(path: str, content: str, min_score: float) -> list[LicenseMa
         m = _README_SECTION.search(content)
         if m:
             section = m.group(2)
-            inline = re.match(r"\s*(?:this project is |released |licensed )?(?:under )?(?:the )?"
-                              r"([A-Za-z0-9.+-]+(?: (?:AND|OR|WITH) [A-Za-z0-9.+-]+)*)\b",
-                              section)
+            inline = re.match(
+                r"\s*(?:this project is |released |licensed )?(?:under )?(?:the )?"
+                r"([A-Za-z0-9.+-]+(?: (?:AND|OR|WITH) [A-Za-z0-9.+-]+)*)\b",
+                section,
+            )
             if inline and expression_keys(inline.group(1)):
-                return [LicenseMatch(k, 1.0, 0, "readme")
-                        for k in expression_keys(inline.group(1))]
+                return [LicenseMatch(k, 1.0, 0, "readme") for k in expression_keys(inline.group(1))]
             return license_matches(section, min_score)
     return []
 
@@ -264,16 +270,22 @@ class LicenseStep:
                 continue
             content = spill.content(rec)
             matches = license_of_file(rec.path, content, self.config.min_score)
-            if not matches and LICENSE_FILE.match(base) and content.strip() and not base.lower(
-                    ).startswith(("notice", "copyright")):
+            if (
+                not matches
+                and LICENSE_FILE.match(base)
+                and content.strip()
+                and not base.lower().startswith(("notice", "copyright"))
+            ):
                 matches = [LicenseMatch(UNIDENTIFIED, 0.0, 0, "none")]
                 stats.count("unidentified_license_files")
             if matches:
                 stats.count("license_files")
-                rank = 1 if README_FILE.match(base) else (
-                    2 if base.lower().startswith("notice") else 0)
-                found.setdefault(posixpath.dirname(rec.path), []).append(
-                    (rank, rec.path, matches))
+                rank = (
+                    1
+                    if README_FILE.match(base)
+                    else (2 if base.lower().startswith("notice") else 0)
+                )
+                found.setdefault(posixpath.dirname(rec.path), []).append((rank, rec.path, matches))
         for d, items in found.items():
             items.sort(key=lambda it: (it[0], it[1]))
             best = items[0][0]
@@ -290,15 +302,18 @@ class LicenseStep:
             keys = tuple(k for e in spdx for k in expression_keys(e))
             if keys and not is_license_file(rec.path):
                 rec.license_ids, rec.license_source, rec.license_score = keys, "spdx-header", 1.0
-                rec.license_type = classify_expression(" AND ".join(
-                    f"({e})" for e in spdx if expression_keys(e)), self.config.extra_permissive)
+                rec.license_type = classify_expression(
+                    " AND ".join(f"({e})" for e in spdx if expression_keys(e)),
+                    self.config.extra_permissive,
+                )
             else:
                 d = posixpath.dirname(rec.path)
                 primaries: tuple[str, ...] = ()
                 while True:
                     if d in dir_licenses:
-                        (rec.license_ids, rec.license_source, primaries,
-                         rec.license_score) = dir_licenses[d]
+                        (rec.license_ids, rec.license_source, primaries, rec.license_score) = (
+                            dir_licenses[d]
+                        )
                         break
                     if not d:
                         break
@@ -308,7 +323,8 @@ class LicenseStep:
                 elif rec.license_ids:
                     # Several license files in one place mean a choice (dual licensing).
                     rec.license_type = classify_expression(
-                        " OR ".join(primaries), self.config.extra_permissive)
+                        " OR ".join(primaries), self.config.extra_permissive
+                    )
                 else:
                     rec.license_type = NO_LICENSE
             stats.count(f"type:{rec.license_type}")
@@ -328,8 +344,10 @@ def declared_license(metadata_text: str) -> str:
     return ""
 
 
-def package_license_agreement(site_packages: str | Path, min_score: float = 0.8,
-                              ) -> dict[str, object]:
+def package_license_agreement(
+    site_packages: str | Path,
+    min_score: float = 0.8,
+) -> dict[str, object]:
     """Compare detected and declared licenses of installed distributions.
 
     For each ``*.dist-info`` whose METADATA declares a valid SPDX expression and that
@@ -345,9 +363,16 @@ def package_license_agreement(site_packages: str | Path, min_score: float = 0.8,
         declared = declared_license(meta.read_text(errors="replace"))
         if not declared:
             continue
-        files = sorted((f for f in info.rglob("*") if f.is_file() and is_license_file(f.name)
-                        and not f.name.lower().startswith("notice")),
-                       key=lambda f: (len(f.relative_to(info).parts), str(f)))
+        files = sorted(
+            (
+                f
+                for f in info.rglob("*")
+                if f.is_file()
+                and is_license_file(f.name)
+                and not f.name.lower().startswith("notice")
+            ),
+            key=lambda f: (len(f.relative_to(info).parts), str(f)),
+        )
         if not files:
             continue
         depth = len(files[0].relative_to(info).parts)
@@ -356,12 +381,20 @@ def package_license_agreement(site_packages: str | Path, min_score: float = 0.8,
             if len(f.relative_to(info).parts) == depth:
                 detected += identify_text(f.read_text(errors="replace"), min_score)
         keys = set(expression_keys(declared))
-        rows.append({"package": info.name.removesuffix(".dist-info"), "declared": declared,
-                     "detected": list(dict.fromkeys(detected)),
-                     "agree": bool(detected) and detected[0] in keys,
-                     "agree_any": bool(keys & set(detected))})
+        rows.append(
+            {
+                "package": info.name.removesuffix(".dist-info"),
+                "declared": declared,
+                "detected": list(dict.fromkeys(detected)),
+                "agree": bool(detected) and detected[0] in keys,
+                "agree_any": bool(keys & set(detected)),
+            }
+        )
     agree = sum(r["agree"] for r in rows)
-    return {"packages": len(rows), "agree": agree,
-            "agreement": agree / len(rows) if rows else 0.0,
-            "agreement_any": sum(r["agree_any"] for r in rows) / len(rows) if rows else 0.0,
-            "rows": rows}
+    return {
+        "packages": len(rows),
+        "agree": agree,
+        "agreement": agree / len(rows) if rows else 0.0,
+        "agreement_any": sum(r["agree_any"] for r in rows) / len(rows) if rows else 0.0,
+        "rows": rows,
+    }

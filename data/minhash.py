@@ -27,7 +27,7 @@ _M64 = (1 << 64) - 1
 def shingle_set(text: str, k: int = 5) -> set[tuple[str, ...]]:
     """Reference (pure Python) shingle set with the same tokenisation, for checks."""
     words = _WORD_RE.findall(text.lower())
-    return {tuple(words[i:i + k]) for i in range(len(words) - k + 1)}
+    return {tuple(words[i : i + k]) for i in range(len(words) - k + 1)}
 
 
 def _mix64(x: np.ndarray) -> np.ndarray:
@@ -43,8 +43,9 @@ def _mix64(x: np.ndarray) -> np.ndarray:
 class MinHasher:
     """Signatures of ``num_perm`` 32-bit minima per text; files with < k words get none."""
 
-    def __init__(self, num_perm: int = 256, shingle_size: int = 5, seed: int = 42,
-                 chunk: int = 4096) -> None:
+    def __init__(
+        self, num_perm: int = 256, shingle_size: int = 5, seed: int = 42, chunk: int = 4096
+    ) -> None:
         rng = np.random.default_rng(seed)
         self.num_perm = num_perm
         self.k = shingle_size
@@ -96,8 +97,8 @@ class MinHasher:
             sh = words[:m].copy()
             for j in range(1, k):
                 sh *= self.q
-                sh += words[j:j + m]
-            valid = file_of_word[:m] == file_of_word[k - 1:]
+                sh += words[j : j + m]
+            valid = file_of_word[:m] == file_of_word[k - 1 :]
             sh = _mix64(sh[valid]) >> np.uint64(32)
             return sh, file_of_word[:m][valid]
 
@@ -121,7 +122,7 @@ class MinHasher:
         work = np.empty((self.num_perm, self.chunk), dtype=np.uint32)
         with np.errstate(over="ignore"):
             for s in range(0, len(x), self.chunk):
-                xs, fs = x[s:s + self.chunk], fid[s:s + self.chunk]
+                xs, fs = x[s : s + self.chunk], fid[s : s + self.chunk]
                 w = work[:, : len(xs)]
                 np.multiply(a, xs[None, :], out=w)
                 w += b

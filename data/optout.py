@@ -70,15 +70,20 @@ class OptOutRegistry:
         for i, e in enumerate(raw.get("entries", [])):
             unknown = set(e) - {"repo", "author", "path", "date", "reason"}
             if unknown:
-                raise DataConfigError(f"optout entries[{i}]", f"unknown keys {sorted(unknown)}",
-                                      "use repo, author, path, date, reason")
+                raise DataConfigError(
+                    f"optout entries[{i}]",
+                    f"unknown keys {sorted(unknown)}",
+                    "use repo, author, path, date, reason",
+                )
             entries.append(OptOutEntry(**{k: str(v) for k, v in e.items()}))
         return cls(version=int(raw.get("version", 0)), entries=tuple(entries))
 
     def save(self, path: str | Path) -> None:
         """Write the registry as YAML."""
-        data = {"version": self.version, "entries": [
-            {k: v for k, v in vars(e).items() if v} for e in self.entries]}
+        data = {
+            "version": self.version,
+            "entries": [{k: v for k, v in vars(e).items() if v} for e in self.entries],
+        }
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         Path(path).write_text(yaml.safe_dump(data, sort_keys=False))
 
@@ -90,17 +95,28 @@ class OptOutRegistry:
         return None
 
 
-def add_request(path: str | Path, *, repo: str = "", author: str = "", file_path: str = "",
-                reason: str, date: str = "") -> OptOutRegistry:
+def add_request(
+    path: str | Path,
+    *,
+    repo: str = "",
+    author: str = "",
+    file_path: str = "",
+    reason: str,
+    date: str = "",
+) -> OptOutRegistry:
     """Append an opt-out request (repo, author or path) and bump the registry version."""
     if not (repo or author or file_path):
-        raise DataConfigError("optout add", "nothing to exclude",
-                              "pass --repo, --author or --path")
+        raise DataConfigError("optout add", "nothing to exclude", "pass --repo, --author or --path")
     if not reason:
         raise DataConfigError("optout add --reason", "empty", "say why the request was made")
     reg = OptOutRegistry.load(path)
-    entry = OptOutEntry(repo=repo, author=author, path=file_path, reason=reason,
-                        date=date or _dt.date.today().isoformat())
+    entry = OptOutEntry(
+        repo=repo,
+        author=author,
+        path=file_path,
+        reason=reason,
+        date=date or _dt.date.today().isoformat(),
+    )
     reg = OptOutRegistry(version=reg.version + 1, entries=(*reg.entries, entry))
     reg.save(path)
     return reg

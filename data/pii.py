@@ -44,49 +44,128 @@ from data.secrets import (
 )
 from data.step import Step
 
-__all__ = ["Finding", "KeyPattern", "PIIDetector", "PIIStep", "analyse_key_pattern", "evaluate",
-           "luhn_ok", "redact_text", "shannon_entropy"]
+__all__ = [
+    "Finding",
+    "KeyPattern",
+    "PIIDetector",
+    "PIIStep",
+    "analyse_key_pattern",
+    "evaluate",
+    "luhn_ok",
+    "redact_text",
+    "shannon_entropy",
+]
 
 # Public DNS resolvers are not personal data (BigCode's PII pipeline kept them too).
-PUBLIC_DNS = frozenset({
-    "8.8.8.8", "8.8.4.4", "1.1.1.1", "1.0.0.1", "9.9.9.9", "149.112.112.112",
-    "208.67.222.222", "208.67.220.220", "64.6.64.6", "64.6.65.6", "4.2.2.1", "4.2.2.2",
-    "2001:4860:4860::8888", "2001:4860:4860::8844", "2606:4700:4700::1111",
-    "2606:4700:4700::1001", "2620:fe::fe", "2620:fe::9",
-})
-PLACEHOLDER_DOMAINS = ("example.com", "example.org", "example.net", "localhost", "domain.com",
-                       "email.com", "yourdomain.com", "company.com")
-PLACEHOLDER_SUFFIXES = (".example", ".test", ".invalid", ".localhost", ".local",
-                        ".example.com", ".example.org", ".example.net", ".noreply.github.com")
-NON_TLDS = frozenset({"png", "jpg", "jpeg", "gif", "svg", "webp", "js", "css", "py", "ts", "json",
-                      "html", "md", "txt", "yml", "yaml", "xml", "ico", "pdf", "so", "h", "c"})
+PUBLIC_DNS = frozenset(
+    {
+        "8.8.8.8",
+        "8.8.4.4",
+        "1.1.1.1",
+        "1.0.0.1",
+        "9.9.9.9",
+        "149.112.112.112",
+        "208.67.222.222",
+        "208.67.220.220",
+        "64.6.64.6",
+        "64.6.65.6",
+        "4.2.2.1",
+        "4.2.2.2",
+        "2001:4860:4860::8888",
+        "2001:4860:4860::8844",
+        "2606:4700:4700::1111",
+        "2606:4700:4700::1001",
+        "2620:fe::fe",
+        "2620:fe::9",
+    }
+)
+PLACEHOLDER_DOMAINS = (
+    "example.com",
+    "example.org",
+    "example.net",
+    "localhost",
+    "domain.com",
+    "email.com",
+    "yourdomain.com",
+    "company.com",
+)
+PLACEHOLDER_SUFFIXES = (
+    ".example",
+    ".test",
+    ".invalid",
+    ".localhost",
+    ".local",
+    ".example.com",
+    ".example.org",
+    ".example.net",
+    ".noreply.github.com",
+)
+NON_TLDS = frozenset(
+    {
+        "png",
+        "jpg",
+        "jpeg",
+        "gif",
+        "svg",
+        "webp",
+        "js",
+        "css",
+        "py",
+        "ts",
+        "json",
+        "html",
+        "md",
+        "txt",
+        "yml",
+        "yaml",
+        "xml",
+        "ico",
+        "pdf",
+        "so",
+        "h",
+        "c",
+    }
+)
 SERVICE_LOCALS = frozenset({"git", "noreply", "no-reply", "donotreply", "do-not-reply"})
 
-REPLACEMENT = {"email": "<EMAIL>", "key": "<KEY>", "password": "<PASSWORD>", "name": "<NAME>",
-               "credit_card": "<CREDIT_CARD>", "phone": "<PHONE>"}
+REPLACEMENT = {
+    "email": "<EMAIL>",
+    "key": "<KEY>",
+    "password": "<PASSWORD>",
+    "name": "<NAME>",
+    "credit_card": "<CREDIT_CARD>",
+    "phone": "<PHONE>",
+}
 # When findings overlap, the more specific kind wins.
 PRIORITY = {"key": 0, "password": 1, "email": 2, "ip": 3, "credit_card": 4, "phone": 5, "name": 6}
 
 EMAIL = re.compile(
     r"(?<![\w.+%-])([A-Za-z0-9][A-Za-z0-9._%+-]{0,63})@((?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}"
-    r"[A-Za-z0-9])?\.)+([A-Za-z]{2,24}))(?![\w-]|\.[A-Za-z0-9])")
-IPV4 = re.compile(r"(?<![\w.-])((?:(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}"
-                  r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d))(?![\w-]|\.\d)")
+    r"[A-Za-z0-9])?\.)+([A-Za-z]{2,24}))(?![\w-]|\.[A-Za-z0-9])"
+)
+IPV4 = re.compile(
+    r"(?<![\w.-])((?:(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}"
+    r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d))(?![\w-]|\.\d)"
+)
 V6_TAIL = re.compile(r"(?:^|[^\w])[0-9A-Fa-f]{0,4}:$")
-IPV6 = re.compile(r"(?<![\w:.])((?:[0-9A-Fa-f]{1,4}:){1,7}:?(?:[0-9A-Fa-f]{1,4}|:)?"
-                  r"(?::[0-9A-Fa-f]{1,4}){0,6}(?:(?<=:)(?:\d{1,3}\.){3}\d{1,3})?)(?![\w:.])")
+IPV6 = re.compile(
+    r"(?<![\w:.])((?:[0-9A-Fa-f]{1,4}:){1,7}:?(?:[0-9A-Fa-f]{1,4}|:)?"
+    r"(?::[0-9A-Fa-f]{1,4}){0,6}(?:(?<=:)(?:\d{1,3}\.){3}\d{1,3})?)(?![\w:.])"
+)
 # Words before a dotted quad that make it a version, a document section or an OID. A
 # keyword may carry a suffix after ``_``/``-`` (``version_info``) but not letters (so
 # ``Value``, ``vpc`` and ``reverse`` do not count as ``v``, ``ver``, ``rev``).
 VERSION_CONTEXT = re.compile(
     r"(?i)(?:(?<![a-z])(?:version|ver|release|rel|rev|build|v|python|tag|section|sec|"
     r"chapter|rfc\s*\d+|oid|objectidentifier|othername\.\d+)s?(?:[_-][\w-]*)?[\"']?>?"
-    r"(?:\s*[:=(]|\s+§?)?|§|==|>=|<=|~=|!=|\^|~)\s*[\"'(\[]?v?$")
+    r"(?:\s*[:=(]|\s+§?)?|§|==|>=|<=|~=|!=|\^|~)\s*[\"'(\[]?v?$"
+)
 # Words on a line that make a dotted quad an address (needed when every octet is a single
 # digit, the shape of most version and section numbers: 1.2.3.4, 3.1.1.6).
 ADDRESS_CONTEXT = re.compile(
     r"(?i)ip|addr|host|inet|sock|cidr|server|client|peer|remote|connect|bind|proxy|dns|"
-    r"gateway|subnet|route|firewall|://|/\d{1,2}\b|\(\s*b?[\"'][\d.]+[\"']\s*,\s*\d")
+    r"gateway|subnet|route|firewall|://|/\d{1,2}\b|\(\s*b?[\"'][\d.]+[\"']\s*,\s*\d"
+)
 # An IPv6-looking run of 2-digit hex groups is a byte string (fingerprint, serial, MAC).
 HEX_BYTES = re.compile(r"[0-9A-Fa-f]{2}(?::[0-9A-Fa-f]{2}){5,}")
 # Local parts that are generated identifiers (Message-IDs, UUIDs), not mailboxes.
@@ -96,39 +175,111 @@ PACKAGE_AT = re.compile(r"(?i)\b(?:npm|yarn|pnpm|bun|install|add|uses:)\b[^\n]*[
 CARD = re.compile(r"(?<![\d.-])((?:\d[ -]?){12,18}\d)(?![\d-]|\.\d)")
 PHONE = re.compile(
     r"(?<![\w+.\-/])(\+\d{1,3}[ .-]?(?:\(\d{1,4}\)|\d{1,4})(?:[ .-]\d{2,5}){2,4}|"
-    r"(?:\(\d{3}\)[ ]?|\d{3}[-. ])\d{3}[-. ]\d{4})(?![\w\-/]|\.\d)")
+    r"(?:\(\d{3}\)[ ]?|\d{3}[-. ])\d{3}[-. ]\d{4})(?![\w\-/]|\.\d)"
+)
 PRIVATE_KEY_BLOCK = re.compile(
     r"-----BEGIN ((?:RSA |DSA |EC |OPENSSH |PGP |ENCRYPTED )?PRIVATE KEY(?: BLOCK)?)-----"
-    r"[\s\S]*?-----END \1-----")
+    r"[\s\S]*?-----END \1-----"
+)
 NAME_CONTEXT = re.compile(
     r"(?m)(?:^[ \t]*(?:#|//|\*|;|--|\.\.)?[ \t]*@?"
     r"(?i:author|maintainer|written by|created by|signed-off-by)"
     r"[ \t]*[:=]?[ \t]*[\"']?|__author__\s*=\s*[\"'])"
-    r"([A-Z][a-z]+(?:[ -](?:[A-Z]\.|[A-Z][a-z']+)){1,3})")
+    r"([A-Z][a-z]+(?:[ -](?:[A-Z]\.|[A-Z][a-z']+)){1,3})"
+)
 TOKEN_TAIL = re.compile(r"[A-Za-z0-9_\-+/=.]+")
 # Generic top-level domains seen in mail addresses; any two-letter (country) TLD counts
 # too. ``weights@inputs.transpose(...)`` (matrix multiply) and ``deploy@db.internal``
 # (ssh targets) end in words that are no such domain.
-GENERIC_TLDS = frozenset({
-    "com", "org", "net", "edu", "gov", "mil", "int", "info", "biz", "name", "pro", "aero",
-    "coop", "museum", "mobi", "asia", "tel", "jobs", "travel", "app", "dev", "io", "ai",
-    "co", "me", "tech", "online", "site", "xyz", "cloud", "email", "systems", "software",
-    "codes", "digital", "design", "studio", "agency", "company", "solutions", "services",
-    "consulting", "network", "works", "tools", "space", "blog", "news", "media", "team",
-    "group", "club", "life", "live", "world", "today", "academy", "engineering", "science",
-    "global", "center", "support", "zone", "one", "page", "link", "website", "host",
-    "store", "shop",
-})
+GENERIC_TLDS = frozenset(
+    {
+        "com",
+        "org",
+        "net",
+        "edu",
+        "gov",
+        "mil",
+        "int",
+        "info",
+        "biz",
+        "name",
+        "pro",
+        "aero",
+        "coop",
+        "museum",
+        "mobi",
+        "asia",
+        "tel",
+        "jobs",
+        "travel",
+        "app",
+        "dev",
+        "io",
+        "ai",
+        "co",
+        "me",
+        "tech",
+        "online",
+        "site",
+        "xyz",
+        "cloud",
+        "email",
+        "systems",
+        "software",
+        "codes",
+        "digital",
+        "design",
+        "studio",
+        "agency",
+        "company",
+        "solutions",
+        "services",
+        "consulting",
+        "network",
+        "works",
+        "tools",
+        "space",
+        "blog",
+        "news",
+        "media",
+        "team",
+        "group",
+        "club",
+        "life",
+        "live",
+        "world",
+        "today",
+        "academy",
+        "engineering",
+        "science",
+        "global",
+        "center",
+        "support",
+        "zone",
+        "one",
+        "page",
+        "link",
+        "website",
+        "host",
+        "store",
+        "shop",
+    }
+)
 # Dotted quads next to these words are versions, OIDs or sections (any part of the
 # nearest preceding identifier: AssemblyFileVersion, firmware, since, release_tag).
 VERSION_WORDS = re.compile(
     r"(?i)version|release|firmware|build|since|revision|\brev\b|\bver\b|\bv$|kernel|"
-    r"\bchrome|\bfirefox|\bwindows|\bmacos|\bios\b|\bandroid|\bsdk|\btag\b|\bpatch\b")
+    r"\bchrome|\bfirefox|\bwindows|\bmacos|\bios\b|\bandroid|\bsdk|\btag\b|\bpatch\b"
+)
 # Commands whose user@host argument is a login on a machine.
-REMOTE_TARGET = re.compile(r"\b(?:ssh|scp|sftp|rsync|mosh|sshpass|ssh-copy-id|telnet)\b[^\n]*"
-                           r"(?:\s|-[\w]\s*)$")
-LOCKFILE = re.compile(r"(?:^|/)(?:[\w.-]+\.lock|package-lock\.json|go\.sum|"
-                      r"pnpm-lock\.yaml|npm-shrinkwrap\.json)$")
+REMOTE_TARGET = re.compile(
+    r"\b(?:ssh|scp|sftp|rsync|mosh|sshpass|ssh-copy-id|telnet)\b[^\n]*"
+    r"(?:\s|-[\w]\s*)$"
+)
+LOCKFILE = re.compile(
+    r"(?:^|/)(?:[\w.-]+\.lock|package-lock\.json|go\.sum|"
+    r"pnpm-lock\.yaml|npm-shrinkwrap\.json)$"
+)
 IMAGE_LINE = re.compile(r"(?i)image|\bfrom\b|docker|container|\btag")
 OID_LINE = re.compile(r"(?i)\boid|object identifier|::=|\basn|\bsnmp|\bmib\b|arc\b")
 
@@ -146,11 +297,19 @@ def luhn_ok(digits: str) -> bool:
 
 def _card_prefix_ok(d: str) -> bool:
     n2, n4 = int(d[:2]), int(d[:4])
-    return (d[0] == "4" and len(d) in (13, 16, 19)) or (51 <= n2 <= 55 and len(d) == 16) or (
-        2221 <= n4 <= 2720 and len(d) == 16) or (n2 in (34, 37) and len(d) == 15) or (
-        (d.startswith("6011") or d.startswith("65") or 644 <= int(d[:3]) <= 649)
-        and len(d) in (16, 19)) or (3528 <= n4 <= 3589 and len(d) in (16, 19)) or (
-        n2 in (36, 38, 39) and len(d) == 14) or (n2 == 62 and 16 <= len(d) <= 19)
+    return (
+        (d[0] == "4" and len(d) in (13, 16, 19))
+        or (51 <= n2 <= 55 and len(d) == 16)
+        or (2221 <= n4 <= 2720 and len(d) == 16)
+        or (n2 in (34, 37) and len(d) == 15)
+        or (
+            (d.startswith("6011") or d.startswith("65") or 644 <= int(d[:3]) <= 649)
+            and len(d) in (16, 19)
+        )
+        or (3528 <= n4 <= 3589 and len(d) in (16, 19))
+        or (n2 in (36, 38, 39) and len(d) == 14)
+        or (n2 == 62 and 16 <= len(d) <= 19)
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,8 +337,7 @@ class PIIDetector:
         # lower() only ever lengthens a string (e.g. "İ"); equal length = same offsets.
         self._low: str | None = low if len(low) == len(text) else None
         t = self.types
-        secret_spans = (_word_lines(text, SECRET_WORDS, self._low)
-                        if t & {"key", "password"} else [])
+        secret_spans = _word_lines(text, SECRET_WORDS, self._low) if t & {"key", "password"} else []
         if "key" in t:
             found += self._keys(text, secret_spans)
         if t & {"key", "password"}:
@@ -195,8 +353,10 @@ class PIIDetector:
             if "phone" in t:
                 found += self._phones(text, digit_spans)
         if "name" in t:
-            found += [Finding("name", m.start(1), m.end(1), m.group(1))
-                      for m in _scan(NAME_CONTEXT, text, _word_lines(text, NAME_WORDS, self._low))]
+            found += [
+                Finding("name", m.start(1), m.end(1), m.group(1))
+                for m in _scan(NAME_CONTEXT, text, _word_lines(text, NAME_WORDS, self._low))
+            ]
         found.sort(key=lambda f: (PRIORITY[f.kind], f.start, -f.end))
         taken: list[Finding] = []
         for f in found:
@@ -208,8 +368,10 @@ class PIIDetector:
     def _keys(self, text: str, spans: list[tuple[int, int]]) -> list[Finding]:
         out = []
         if "-----BEGIN " in text:
-            out += [Finding("key", m.start(), m.end(), m.group(0))
-                    for m in PRIVATE_KEY_BLOCK.finditer(text)]
+            out += [
+                Finding("key", m.start(), m.end(), m.group(0))
+                for m in PRIVATE_KEY_BLOCK.finditer(text)
+            ]
         folded: str | None = None
         for kp in _provider_patterns():
             if not kp.may_match(text, ""):
@@ -242,8 +404,7 @@ class PIIDetector:
     def _secrets(self, text: str, spans: list[tuple[int, int]]) -> list[Finding]:
         """Keyed, flag, header, query, DSN and call secrets (both kinds) on ``spans``."""
         t = self.types
-        return [Finding(kind, s, e, v) for kind, s, e, v in find_secrets(text, spans)
-                if kind in t]
+        return [Finding(kind, s, e, v) for kind, s, e, v in find_secrets(text, spans) if kind in t]
 
     def _emails(self, text: str) -> list[Finding]:
         out = []
@@ -252,8 +413,10 @@ class PIIDetector:
             if tld in NON_TLDS or local.lower() in SERVICE_LOCALS:
                 continue
             raw_tld = m.group(3)
-            if not ((len(tld) == 2 or tld in GENERIC_TLDS)
-                    and (raw_tld.islower() or m.group(2).isupper())):
+            if not (
+                (len(tld) == 2 or tld in GENERIC_TLDS)
+                and (raw_tld.islower() or m.group(2).isupper())
+            ):
                 continue  # a@b.method (matrix multiply), user@host.internal
             if text.startswith(("(", "["), m.end()):
                 continue  # x@w.T(...) is a call, not an address
@@ -264,8 +427,8 @@ class PIIDetector:
             if "example" in local.lower():  # documentation addresses (exampleUser@...)
                 continue
             if (ID_LOCAL.fullmatch(local) and sum(c.isdigit() for c in local) >= 6) or (
-                    MESSAGE_ID_LINE.search(text, text.rfind("\n", 0, m.start()) + 1,
-                                           m.start())):
+                MESSAGE_ID_LINE.search(text, text.rfind("\n", 0, m.start()) + 1, m.start())
+            ):
                 continue  # a Message-ID / Content-ID / UUID-like identifier
             out.append(Finding("email", m.start(), m.end(), m.group(0)))
         return out
@@ -275,12 +438,12 @@ class PIIDetector:
         if True:
             for m in _scan(IPV4, text, _lines(text, HINT_IPV4)):
                 value = m.group(1)
-                before = text[max(0, m.start() - 24):m.start()]
+                before = text[max(0, m.start() - 24) : m.start()]
                 if before.endswith("/") and not before.endswith("//"):
                     continue  # a user-agent or path segment like Chrome/120.0.6099.109
                 if before.endswith(":") and V6_TAIL.search(before):
                     continue  # the IPv4 tail of an IPv6 address (::ffff:1.2.3.4)
-                if text.startswith(".", m.end()) and text[m.end() + 1:m.end() + 2].isalnum():
+                if text.startswith(".", m.end()) and text[m.end() + 1 : m.end() + 2].isalnum():
                     continue  # part of a longer dotted token: 11.2.0.4.v3
                 if VERSION_CONTEXT.search(before) or PACKAGE_AT.search(before):
                     continue
@@ -324,11 +487,12 @@ class PIIDetector:
         """
         ls = text.rfind("\n", 0, start) + 1
         le = text.find("\n", start)
-        line = text[ls:len(text) if le < 0 else le]
+        line = text[ls : len(text) if le < 0 else le]
         if OID_LINE.search(line):
             return True
         if re.search(r"(?:[\w.-]+:){2}$", before) or (
-                re.search(r"\w:$", before) and IMAGE_LINE.search(line)):
+            re.search(r"\w:$", before) and IMAGE_LINE.search(line)
+        ):
             return True  # group:artifact:version, image:tag
         words = re.findall(r"[A-Za-z][\w-]*", text[ls:start])
         nearest = words[-1] if words else ""
@@ -358,8 +522,15 @@ class PIIDetector:
                 continue
             if seps:
                 groups = [len(g) for g in re.split(r"[ -]", raw)]
-                if groups not in ([4, 4, 4, 4], [4, 6, 5], [4, 6, 4], [4, 4, 4, 4, 3],
-                                  [4, 4, 4, 1], [4, 4, 4, 2], [4, 4, 4, 3]):
+                if groups not in (
+                    [4, 4, 4, 4],
+                    [4, 6, 5],
+                    [4, 6, 4],
+                    [4, 4, 4, 4, 3],
+                    [4, 4, 4, 1],
+                    [4, 4, 4, 2],
+                    [4, 4, 4, 3],
+                ):
                     continue
             if _card_prefix_ok(digits) and luhn_ok(digits):
                 out.append(Finding("credit_card", m.start(1), m.end(1), raw))
@@ -379,8 +550,9 @@ class PIIDetector:
         return out
 
     # -- redaction -------------------------------------------------------------------
-    def redact(self, text: str, secret: bytes = b"", path: str = ""
-               ) -> tuple[str, list[dict[str, object]]]:
+    def redact(
+        self, text: str, secret: bytes = b"", path: str = ""
+    ) -> tuple[str, list[dict[str, object]]]:
         """Return the redacted text and its log (kind, span, keyed hash; never the value).
 
         ``secret``: the build's HMAC key. An unsalted hash of a low-entropy value (an IP
@@ -400,14 +572,22 @@ class PIIDetector:
         for f in findings:
             key = (f.kind, f.value)
             if key not in mapping:
-                mapping[key] = (_synthetic_ip(f.value, used) if f.kind == "ip"
-                                else REPLACEMENT[f.kind])
-            parts.append(text[pos:f.start])
+                mapping[key] = (
+                    _synthetic_ip(f.value, used) if f.kind == "ip" else REPLACEMENT[f.kind]
+                )
+            parts.append(text[pos : f.start])
             parts.append(mapping[key])
             pos = f.end
-            log.append({"type": f.kind, "start": f.start, "end": f.end,
-                        "hmac": hmac.new(secret or b"unkeyed", f.value.encode(),
-                                         hashlib.sha256).hexdigest()})
+            log.append(
+                {
+                    "type": f.kind,
+                    "start": f.start,
+                    "end": f.end,
+                    "hmac": hmac.new(
+                        secret or b"unkeyed", f.value.encode(), hashlib.sha256
+                    ).hexdigest(),
+                }
+            )
         parts.append(text[pos:])
         return "".join(parts), log
 
@@ -456,8 +636,7 @@ def _provider_patterns() -> list[KeyPattern]:
     return [analyse_key_pattern(p) for p in PROVIDER_PATTERNS]
 
 
-def redact_text(text: str, lang: str = "", path: str = "", config: PIIConfig | None = None
-                ) -> str:
+def redact_text(text: str, lang: str = "", path: str = "", config: PIIConfig | None = None) -> str:
     """Redact ``text`` exactly as the pipeline's PII stage would (default settings).
 
     ``lang`` and ``path`` are the file's language and path as the stage sees them (the
@@ -467,8 +646,9 @@ def redact_text(text: str, lang: str = "", path: str = "", config: PIIConfig | N
     return PIIDetector(config).redact(text, path=path)[0]
 
 
-def evaluate(cases: list[dict], detector: PIIDetector | None = None,
-             kinds: frozenset[str] | None = None) -> dict[str, dict[str, float]]:
+def evaluate(
+    cases: list[dict], detector: PIIDetector | None = None, kinds: frozenset[str] | None = None
+) -> dict[str, dict[str, float]]:
     """Per-type precision and recall on labelled cases ``{"text", "pii": [{type, value}]}``.
 
     A detection is a true positive when its (type, value) is labelled in that case.
@@ -479,10 +659,14 @@ def evaluate(cases: list[dict], detector: PIIDetector | None = None,
     counts: dict[str, list[int]] = {}
     errors: list[dict] = []
     for case in cases:
-        expected = [(p["type"], p["value"]) for p in case["pii"]
-                    if kinds is None or p["type"] in kinds]
-        got = [(f.kind, f.value) for f in detector.find(case["text"])
-               if kinds is None or f.kind in kinds]
+        expected = [
+            (p["type"], p["value"]) for p in case["pii"] if kinds is None or p["type"] in kinds
+        ]
+        got = [
+            (f.kind, f.value)
+            for f in detector.find(case["text"])
+            if kinds is None or f.kind in kinds
+        ]
         remaining = list(expected)
         for g in got:
             c = counts.setdefault(g[0], [0, 0, 0])
@@ -497,8 +681,12 @@ def evaluate(cases: list[dict], detector: PIIDetector | None = None,
             errors.append({"fn": r, "text": case["text"][:120]})
     report: dict[str, dict[str, float]] = {}
     for kind, (tp, fp, fn) in sorted(counts.items()):
-        report[kind] = {"tp": tp, "fp": fp, "fn": fn,
-                        "precision": tp / (tp + fp) if tp + fp else 1.0,
-                        "recall": tp / (tp + fn) if tp + fn else 1.0}
+        report[kind] = {
+            "tp": tp,
+            "fp": fp,
+            "fn": fn,
+            "precision": tp / (tp + fp) if tp + fp else 1.0,
+            "recall": tp / (tp + fn) if tp + fn else 1.0,
+        }
     report["_errors"] = errors  # type: ignore[assignment]
     return report

@@ -114,9 +114,16 @@ def stage1_shard(config: dict[str, Any], shard: int) -> dict[str, Any]:
         time.sleep(delay)
     units = _plan(cfg)[shard]
     registry = OptOutRegistry.load(cfg.optout.registry) if cfg.optout.registry else OptOutRegistry()
-    steps = [IngestStep(cfg.ingest), LanguageStep(cfg.language), LicenseStep(cfg.license),
-             OptOutStep(registry), FilterStep(cfg.filters), PIIStep(cfg.pii, pii_secret(cfg)),
-             DecontamStep(cfg.decontam), SignatureStep(cfg.dedup)]
+    steps = [
+        IngestStep(cfg.ingest),
+        LanguageStep(cfg.language),
+        LicenseStep(cfg.license),
+        OptOutStep(registry),
+        FilterStep(cfg.filters),
+        PIIStep(cfg.pii, pii_secret(cfg)),
+        DecontamStep(cfg.decontam),
+        SignatureStep(cfg.dedup),
+    ]
     sink: list[StageStats] = []
     d = _work(cfg) / "stage1"
     kept = RowWriter(d / f"kept-{shard:05d}.parquet", KEPT_SCHEMA)
@@ -134,11 +141,24 @@ def stage1_shard(config: dict[str, Any], shard: int) -> dict[str, Any]:
             continue
         kept.add(kept_row(rec))
         for e in rec.redactions:
-            pii.add({"repo": rec.repo, "path": rec.path, "type": e["type"], "start": e["start"],
-                     "end": e["end"], "value_hmac": e["hmac"]})
+            pii.add(
+                {
+                    "repo": rec.repo,
+                    "path": rec.path,
+                    "type": e["type"],
+                    "start": e["start"],
+                    "end": e["end"],
+                    "value_hmac": e["hmac"],
+                }
+            )
     opted.close()
-    result = {"shard": shard, "kept": kept.close(), "dropped": drops.close(),
-              "pii_logged": pii.close(), "stats": [s.to_dict() for s in sink]}
+    result = {
+        "shard": shard,
+        "kept": kept.close(),
+        "dropped": drops.close(),
+        "pii_logged": pii.close(),
+        "stats": [s.to_dict() for s in sink],
+    }
     _mark(marker, result)
     return dict(result, skipped=False)
 
@@ -154,15 +174,33 @@ def dedup_phase(cfg: BuildConfig) -> dict[str, Any]:
     import numpy as np
 
     for shard in range(cfg.num_shards):
-        t = pq.read_table(_work(cfg) / "stage1" / f"kept-{shard:05d}.parquet",
-                          columns=["shard", "index", "sha256", "signature", "license_type",
-                                   "stars", "commit_date", "repo", "path"]).to_pydict()
+        t = pq.read_table(
+            _work(cfg) / "stage1" / f"kept-{shard:05d}.parquet",
+            columns=[
+                "shard",
+                "index",
+                "sha256",
+                "signature",
+                "license_type",
+                "stars",
+                "commit_date",
+                "repo",
+                "path",
+            ],
+        ).to_pydict()
         for i in range(len(t["index"])):
             key = (t["shard"][i], t["index"][i])
             sig = t["signature"][i]
-            items.append(DedupItem(key, t["sha256"][i],
-                                   np.frombuffer(sig, dtype=np.uint32) if sig else None,
-                                   t["license_type"][i], t["stars"][i], t["commit_date"][i]))
+            items.append(
+                DedupItem(
+                    key,
+                    t["sha256"][i],
+                    np.frombuffer(sig, dtype=np.uint32) if sig else None,
+                    t["license_type"][i],
+                    t["stars"][i],
+                    t["commit_date"][i],
+                )
+            )
             names[key] = f"{t['repo'][i]}/{t['path'][i]}"
     kept_count = len(items)
     for shard in range(cfg.num_shards):
@@ -170,17 +208,30 @@ def dedup_phase(cfg: BuildConfig) -> dict[str, Any]:
         for i in range(len(t["index"])):
             key = (t["shard"][i], t["index"][i])
             sig = t["signature"][i]
-            items.append(DedupItem(key, t["sha256"][i],
-                                   np.frombuffer(sig, dtype=np.uint32) if sig else None,
-                                   "", 0, "", opted_out=True))
+            items.append(
+                DedupItem(
+                    key,
+                    t["sha256"][i],
+                    np.frombuffer(sig, dtype=np.uint32) if sig else None,
+                    "",
+                    0,
+                    "",
+                    opted_out=True,
+                )
+            )
             names[key] = f"{t['repo'][i]}/{t['path'][i]}"
     removed, counters = find_duplicates(items, cfg.dedup)
     by_shard: dict[str, list] = {}
     for (shard, index), (reason, surv) in sorted(removed.items()):
         by_shard.setdefault(str(shard), []).append([index, reason, names[surv]])
-    stats = StageStats("dedup", files_in=kept_count, files_out=kept_count - len(removed),
-                      counters=counters, seconds=time.perf_counter() - t0,
-                      cpu_seconds=time.thread_time() - c0)
+    stats = StageStats(
+        "dedup",
+        files_in=kept_count,
+        files_out=kept_count - len(removed),
+        counters=counters,
+        seconds=time.perf_counter() - t0,
+        cpu_seconds=time.thread_time() - c0,
+    )
     for reason, _ in removed.values():
         stats.dropped[reason] = stats.dropped.get(reason, 0) + 1
     stats.dropped = dict(sorted(stats.dropped.items()))
@@ -196,7 +247,8 @@ def stage3_shard(config: dict[str, Any], shard: int) -> dict[str, Any]:
     if _done(marker):
         return dict(json.loads(marker.read_text()), skipped=True)
     removed_list = json.loads((_work(cfg) / "dedup.done").read_text())["removed"].get(
-        str(shard), [])
+        str(shard), []
+    )
     removed = {index: (reason, surv) for index, reason, surv in removed_list}
     vdir = cfg.version_dir
     s1 = _work(cfg) / "stage1"
@@ -215,21 +267,38 @@ def stage3_shard(config: dict[str, Any], shard: int) -> dict[str, Any]:
             if row["index"] in removed:
                 reason, surv = removed[row["index"]]
                 removed_bytes += row["size"]
-                drops.add({"shard": shard, "index": row["index"], "repo": row["repo"],
-                           "path": row["path"], "stage": "dedup", "reason": reason,
-                           "size": row["size"], "detail": f"survivor={surv}"})
+                drops.add(
+                    {
+                        "shard": shard,
+                        "index": row["index"],
+                        "repo": row["repo"],
+                        "path": row["path"],
+                        "stage": "dedup",
+                        "reason": reason,
+                        "size": row["size"],
+                        "detail": f"survivor={surv}",
+                    }
+                )
                 continue
             out.add({c: row[c] for c in OUTPUT_COLUMNS})
             out_bytes += row["size"]
-            languages[row["language"] or "unknown"] = languages.get(row["language"] or "unknown",
-                                                                    0) + 1
+            languages[row["language"] or "unknown"] = (
+                languages.get(row["language"] or "unknown", 0) + 1
+            )
             licenses[row["license_type"]] = licenses.get(row["license_type"], 0) + 1
             for lid in row["license_ids"]:
                 license_ids[lid] = license_ids.get(lid, 0) + 1
     shutil.copyfile(s1 / f"pii-{shard:05d}.parquet", _pii_path(vdir, shard))
-    result = {"shard": shard, "rows": out.close(), "dropped": drops.close(), "bytes": out_bytes,
-              "removed_bytes": removed_bytes, "languages": languages, "licenses": licenses,
-              "license_ids": license_ids}
+    result = {
+        "shard": shard,
+        "rows": out.close(),
+        "dropped": drops.close(),
+        "bytes": out_bytes,
+        "removed_bytes": removed_bytes,
+        "languages": languages,
+        "licenses": licenses,
+        "license_ids": license_ids,
+    }
     _mark(marker, result)
     return dict(result, skipped=False)
 
@@ -290,15 +359,21 @@ def build(cfg: BuildConfig) -> dict[str, Any]:
         "inputs": {"files": ingest.files_in, "bytes": ingest.bytes_in},
         "outputs": {"files": sum(r["rows"] for r in s3), "bytes": sum(r["bytes"] for r in s3)},
         "dropped": {"files": sum(r["dropped"] for r in s3), "by_stage": by_stage},
-        "stages": [{k: v for k, v in s.to_dict().items() if k not in ("seconds", "cpu_seconds")}
-                   for s in stage_stats],
+        "stages": [
+            {k: v for k, v in s.to_dict().items() if k not in ("seconds", "cpu_seconds")}
+            for s in stage_stats
+        ],
         "languages": _sum([r["languages"] for r in s3]),
         "licenses": _sum([r["licenses"] for r in s3]),
         "license_ids": _sum([r["license_ids"] for r in s3]),
-        "shards": [{"path": f, "rows": r["rows"], "sha256": sha256_file(vdir / f)}
-                   for f, r in zip(files, s3, strict=True)],
-        "drops": [{"path": f, "rows": r["dropped"], "sha256": sha256_file(vdir / f)}
-                  for f, r in zip(drop_files, s3, strict=True)],
+        "shards": [
+            {"path": f, "rows": r["rows"], "sha256": sha256_file(vdir / f)}
+            for f, r in zip(files, s3, strict=True)
+        ],
+        "drops": [
+            {"path": f, "rows": r["dropped"], "sha256": sha256_file(vdir / f)}
+            for f, r in zip(drop_files, s3, strict=True)
+        ],
         "pii_logs": [{"path": f, "sha256": sha256_file(vdir / f)} for f in pii_files],
     }
     (vdir / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
@@ -312,11 +387,15 @@ def build(cfg: BuildConfig) -> dict[str, Any]:
         tokenize_snapshot(vdir, cfg.tokenize)
         timings["tokenize"] = time.perf_counter() - t0
     timings["total"] = time.perf_counter() - t_start
-    report = {"timings_s": timings,
-              "per_stage_s": {s.name: round(s.seconds, 4) for s in stage_stats},
-              "per_stage_cpu_s": {s.name: round(s.cpu_seconds, 4) for s in stage_stats},
-              "skipped_shards": {"stage1": sum(r.get("skipped", False) for r in s1),
-                                 "stage3": sum(r.get("skipped", False) for r in s3)}}
+    report = {
+        "timings_s": timings,
+        "per_stage_s": {s.name: round(s.seconds, 4) for s in stage_stats},
+        "per_stage_cpu_s": {s.name: round(s.cpu_seconds, 4) for s in stage_stats},
+        "skipped_shards": {
+            "stage1": sum(r.get("skipped", False) for r in s1),
+            "stage3": sum(r.get("skipped", False) for r in s3),
+        },
+    }
     (vdir / "report.json").write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")
     return manifest
 
@@ -324,7 +403,15 @@ def build(cfg: BuildConfig) -> dict[str, Any]:
 def _previous_version(output_dir: Path, version: str) -> str | None:
     """The newest finished version ordered before ``version`` (semantic order)."""
     key = version_key(version)
-    versions = sorted((p.name for p in output_dir.iterdir()
-                       if p.is_dir() and (p / "manifest.json").exists() and p.name != version
-                       and version_key(p.name) < key), key=version_key)
+    versions = sorted(
+        (
+            p.name
+            for p in output_dir.iterdir()
+            if p.is_dir()
+            and (p / "manifest.json").exists()
+            and p.name != version
+            and version_key(p.name) < key
+        ),
+        key=version_key,
+    )
     return versions[-1] if versions else None

@@ -18,44 +18,93 @@ from data.records import FileRecord
 
 ROW_GROUP = 512
 
-KEPT_SCHEMA = pa.schema([
-    ("shard", pa.int32()), ("index", pa.int64()), ("repo", pa.string()), ("path", pa.string()),
-    ("commit", pa.string()), ("commit_date", pa.string()), ("stars", pa.int64()),
-    ("language", pa.string()), ("vendored", pa.bool_()), ("generated", pa.bool_()),
-    ("license_type", pa.string()), ("license_ids", pa.list_(pa.string())),
-    ("license_source", pa.string()), ("license_score", pa.float64()),
-    ("encoding", pa.string()), ("size", pa.int64()),
-    ("content_bytes", pa.int64()), ("sha256", pa.string()), ("pii", pa.string()),
-    ("content", pa.large_string()), ("signature", pa.binary()),
-])
-OUTPUT_COLUMNS = [f.name for f in KEPT_SCHEMA if f.name not in ("shard", "index", "signature",
-                                                                 "stars")]
-DROP_SCHEMA = pa.schema([
-    ("shard", pa.int32()), ("index", pa.int64()), ("repo", pa.string()), ("path", pa.string()),
-    ("stage", pa.string()), ("reason", pa.string()), ("size", pa.int64()), ("detail", pa.string()),
-])
-OPTOUT_SCHEMA = pa.schema([
-    ("shard", pa.int32()), ("index", pa.int64()), ("repo", pa.string()), ("path", pa.string()),
-    ("sha256", pa.string()), ("signature", pa.binary()),
-])
-PII_LOG_SCHEMA = pa.schema([
-    ("repo", pa.string()), ("path", pa.string()), ("type", pa.string()), ("start", pa.int64()),
-    ("end", pa.int64()), ("value_hmac", pa.string()),
-])
+KEPT_SCHEMA = pa.schema(
+    [
+        ("shard", pa.int32()),
+        ("index", pa.int64()),
+        ("repo", pa.string()),
+        ("path", pa.string()),
+        ("commit", pa.string()),
+        ("commit_date", pa.string()),
+        ("stars", pa.int64()),
+        ("language", pa.string()),
+        ("vendored", pa.bool_()),
+        ("generated", pa.bool_()),
+        ("license_type", pa.string()),
+        ("license_ids", pa.list_(pa.string())),
+        ("license_source", pa.string()),
+        ("license_score", pa.float64()),
+        ("encoding", pa.string()),
+        ("size", pa.int64()),
+        ("content_bytes", pa.int64()),
+        ("sha256", pa.string()),
+        ("pii", pa.string()),
+        ("content", pa.large_string()),
+        ("signature", pa.binary()),
+    ]
+)
+OUTPUT_COLUMNS = [
+    f.name for f in KEPT_SCHEMA if f.name not in ("shard", "index", "signature", "stars")
+]
+DROP_SCHEMA = pa.schema(
+    [
+        ("shard", pa.int32()),
+        ("index", pa.int64()),
+        ("repo", pa.string()),
+        ("path", pa.string()),
+        ("stage", pa.string()),
+        ("reason", pa.string()),
+        ("size", pa.int64()),
+        ("detail", pa.string()),
+    ]
+)
+OPTOUT_SCHEMA = pa.schema(
+    [
+        ("shard", pa.int32()),
+        ("index", pa.int64()),
+        ("repo", pa.string()),
+        ("path", pa.string()),
+        ("sha256", pa.string()),
+        ("signature", pa.binary()),
+    ]
+)
+PII_LOG_SCHEMA = pa.schema(
+    [
+        ("repo", pa.string()),
+        ("path", pa.string()),
+        ("type", pa.string()),
+        ("start", pa.int64()),
+        ("end", pa.int64()),
+        ("value_hmac", pa.string()),
+    ]
+)
 
 
 def kept_row(r: FileRecord) -> dict[str, Any]:
     """One stage-1 row for a kept record."""
-    return {"shard": r.shard, "index": r.index, "repo": r.repo, "path": r.path,
-            "commit": r.commit, "commit_date": r.commit_date, "stars": r.stars,
-            "language": r.language, "vendored": r.vendored, "generated": r.generated,
-            "license_type": r.license_type, "license_ids": list(r.license_ids),
-            "license_source": r.license_source, "license_score": round(r.license_score, 4),
-            "encoding": r.encoding, "size": r.size,
-            "content_bytes": len(r.content.encode("utf-8", "surrogatepass")),
-            "sha256": r.sha256, "pii": json.dumps(r.pii_counts, sort_keys=True),
-            "content": r.content,
-            "signature": r.signature.tobytes() if r.signature is not None else b""}
+    return {
+        "shard": r.shard,
+        "index": r.index,
+        "repo": r.repo,
+        "path": r.path,
+        "commit": r.commit,
+        "commit_date": r.commit_date,
+        "stars": r.stars,
+        "language": r.language,
+        "vendored": r.vendored,
+        "generated": r.generated,
+        "license_type": r.license_type,
+        "license_ids": list(r.license_ids),
+        "license_source": r.license_source,
+        "license_score": round(r.license_score, 4),
+        "encoding": r.encoding,
+        "size": r.size,
+        "content_bytes": len(r.content.encode("utf-8", "surrogatepass")),
+        "sha256": r.sha256,
+        "pii": json.dumps(r.pii_counts, sort_keys=True),
+        "content": r.content,
+        "signature": r.signature.tobytes() if r.signature is not None else b"",
+    }
 
 
 def optout_row(r: FileRecord, hasher: Any) -> dict[str, Any]:
@@ -63,15 +112,28 @@ def optout_row(r: FileRecord, hasher: Any) -> dict[str, Any]:
     import hashlib
 
     sigs, has = hasher.signatures([r.content])
-    return {"shard": r.shard, "index": r.index, "repo": r.repo, "path": r.path,
-            "sha256": hashlib.sha256(r.content.encode("utf-8", "surrogatepass")).hexdigest(),
-            "signature": sigs[0].tobytes() if has[0] else b""}
+    return {
+        "shard": r.shard,
+        "index": r.index,
+        "repo": r.repo,
+        "path": r.path,
+        "sha256": hashlib.sha256(r.content.encode("utf-8", "surrogatepass")).hexdigest(),
+        "signature": sigs[0].tobytes() if has[0] else b"",
+    }
 
 
 def drop_row(r: FileRecord, detail: str = "") -> dict[str, Any]:
     """One drop-table row."""
-    return {"shard": r.shard, "index": r.index, "repo": r.repo, "path": r.path,
-            "stage": r.drop_stage, "reason": r.drop_reason, "size": r.size, "detail": detail}
+    return {
+        "shard": r.shard,
+        "index": r.index,
+        "repo": r.repo,
+        "path": r.path,
+        "stage": r.drop_stage,
+        "reason": r.drop_reason,
+        "size": r.size,
+        "detail": detail,
+    }
 
 
 class RowWriter:
@@ -84,8 +146,9 @@ class RowWriter:
         self.rows: list[dict[str, Any]] = []
         self.count = 0
         path.parent.mkdir(parents=True, exist_ok=True)
-        self.writer = pq.ParquetWriter(self.tmp, self.schema, compression="zstd",
-                                       write_statistics=False)
+        self.writer = pq.ParquetWriter(
+            self.tmp, self.schema, compression="zstd", write_statistics=False
+        )
 
     def add(self, row: dict[str, Any]) -> None:
         self.rows.append(row)
@@ -157,8 +220,9 @@ def file_index(version_dir: str | Path) -> dict[tuple[str, str], str]:
     out: dict[tuple[str, str], str] = {}
     for shard in load_manifest(version_dir)["shards"]:
         t = pq.read_table(version_dir / shard["path"], columns=["repo", "path", "sha256"])
-        for repo, path, digest in zip(t["repo"].to_pylist(), t["path"].to_pylist(),
-                                      t["sha256"].to_pylist(), strict=True):
+        for repo, path, digest in zip(
+            t["repo"].to_pylist(), t["path"].to_pylist(), t["sha256"].to_pylist(), strict=True
+        ):
             out[(repo, path)] = digest
     return out
 
@@ -166,23 +230,32 @@ def file_index(version_dir: str | Path) -> dict[tuple[str, str], str]:
 def diff_versions(v1: str | Path, v2: str | Path) -> dict[str, list[tuple[str, str]]]:
     """Files added, removed and changed (content hash differs) from snapshot v1 to v2."""
     a, b = file_index(v1), file_index(v2)
-    return {"added": sorted(set(b) - set(a)), "removed": sorted(set(a) - set(b)),
-            "changed": sorted(k for k in set(a) & set(b) if a[k] != b[k])}
+    return {
+        "added": sorted(set(b) - set(a)),
+        "removed": sorted(set(a) - set(b)),
+        "changed": sorted(k for k in set(a) & set(b) if a[k] != b[k]),
+    }
 
 
-def append_changelog(output_dir: Path, version: str, manifest: dict[str, Any],
-                     previous: str | None) -> str:
+def append_changelog(
+    output_dir: Path, version: str, manifest: dict[str, Any], previous: str | None
+) -> str:
     """Append this version's entry to ``CHANGELOG.md`` (newest last) and return it."""
-    lines = [f"## {version} ({_dt.date.today().isoformat()})", "",
-             f"- files: {manifest['inputs']['files']} in, {manifest['outputs']['files']} kept, "
-             f"{manifest['dropped']['files']} dropped",
-             f"- bytes kept: {manifest['outputs']['bytes']}",
-             f"- code: {manifest['code_version']['source_sha256'][:12]}, opt-out registry "
-             f"v{manifest['optout_registry_version']}"]
+    lines = [
+        f"## {version} ({_dt.date.today().isoformat()})",
+        "",
+        f"- files: {manifest['inputs']['files']} in, {manifest['outputs']['files']} kept, "
+        f"{manifest['dropped']['files']} dropped",
+        f"- bytes kept: {manifest['outputs']['bytes']}",
+        f"- code: {manifest['code_version']['source_sha256'][:12]}, opt-out registry "
+        f"v{manifest['optout_registry_version']}",
+    ]
     if previous:
         d = diff_versions(output_dir / previous, output_dir / version)
-        lines.append(f"- since {previous}: {len(d['added'])} added, {len(d['removed'])} removed, "
-                     f"{len(d['changed'])} changed")
+        lines.append(
+            f"- since {previous}: {len(d['added'])} added, {len(d['removed'])} removed, "
+            f"{len(d['changed'])} changed"
+        )
     entry = "\n".join(lines) + "\n\n"
     log = output_dir / "CHANGELOG.md"
     text = log.read_text() if log.exists() else "# Dataset changelog\n\n"
@@ -190,6 +263,6 @@ def append_changelog(output_dir: Path, version: str, manifest: dict[str, Any],
     if marker in text:  # a rebuilt version replaces its entry
         head, _, rest = text.partition(marker)
         nxt = rest.find("\n## ")
-        text = head + (rest[nxt + 1:] if nxt >= 0 else "")
+        text = head + (rest[nxt + 1 :] if nxt >= 0 else "")
     log.write_text(text + entry)
     return entry

@@ -22,8 +22,14 @@ def stage_table(manifest: dict[str, Any]) -> Table:
         t.add_column(col, justify="left" if col in ("stage", "dropped (top reasons)") else "right")
     for s in manifest["stages"]:
         reasons = sorted(s["dropped"].items(), key=lambda kv: -kv[1])[:3]
-        t.add_row(s["name"], f"{s['files_in']:,}", f"{s['files_out']:,}", _mb(s["bytes_in"]),
-                  _mb(s["bytes_out"]), ", ".join(f"{k}={v}" for k, v in reasons))
+        t.add_row(
+            s["name"],
+            f"{s['files_in']:,}",
+            f"{s['files_out']:,}",
+            _mb(s["bytes_in"]),
+            _mb(s["bytes_out"]),
+            ", ".join(f"{k}={v}" for k, v in reasons),
+        )
     return t
 
 
@@ -39,13 +45,18 @@ def counts_table(title: str, counts: dict[str, int], top: int = 15) -> Table:
 
 def markdown_summary(manifest: dict[str, Any]) -> str:
     """The per-stage table as GitHub markdown (used in the README)."""
-    lines = ["| stage | files in | files out | MB in | MB out | top drop reasons |",
-             "|---|---:|---:|---:|---:|---|"]
+    lines = [
+        "| stage | files in | files out | MB in | MB out | top drop reasons |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
     for s in manifest["stages"]:
         reasons = sorted(s["dropped"].items(), key=lambda kv: -kv[1])[:3]
-        lines.append(f"| {s['name']} | {s['files_in']:,} | {s['files_out']:,} | "
-                     f"{_mb(s['bytes_in'])} | {_mb(s['bytes_out'])} | "
-                     + ", ".join(f"{k}={v}" for k, v in reasons) + " |")
+        lines.append(
+            f"| {s['name']} | {s['files_in']:,} | {s['files_out']:,} | "
+            f"{_mb(s['bytes_in'])} | {_mb(s['bytes_out'])} | "
+            + ", ".join(f"{k}={v}" for k, v in reasons)
+            + " |"
+        )
     return "\n".join(lines)
 
 
@@ -53,9 +64,11 @@ def print_stats(version_dir: str | Path, console: Console | None = None) -> dict
     """Print the summary of a finished snapshot; returns its manifest."""
     console = console or Console()
     m = load_manifest(version_dir)
-    console.print(f"[bold]{version_dir}[/]: {m['inputs']['files']:,} files in "
-                  f"({_mb(m['inputs']['bytes'])} MB), {m['outputs']['files']:,} kept "
-                  f"({_mb(m['outputs']['bytes'])} MB), {m['dropped']['files']:,} dropped")
+    console.print(
+        f"[bold]{version_dir}[/]: {m['inputs']['files']:,} files in "
+        f"({_mb(m['inputs']['bytes'])} MB), {m['outputs']['files']:,} kept "
+        f"({_mb(m['outputs']['bytes'])} MB), {m['dropped']['files']:,} dropped"
+    )
     console.print(stage_table(m))
     console.print(counts_table("languages (kept files)", m["languages"]))
     console.print(counts_table("license types (kept files)", m["licenses"]))

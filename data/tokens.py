@@ -25,19 +25,25 @@ def _documents(version_dir: Path) -> Iterator[str]:
     manifest = json.loads((version_dir / "manifest.json").read_text())
     for shard in manifest["shards"]:
         for batch in pq.ParquetFile(version_dir / shard["path"]).iter_batches(
-                256, columns=["content"]):
+            256, columns=["content"]
+        ):
             yield from batch.column(0).to_pylist()
 
 
-def train_tokenizer(texts: Iterator[str], vocab_size: int, min_frequency: int = 2,
-                    eos_token: str = "<|endoftext|>") -> Tokenizer:
+def train_tokenizer(
+    texts: Iterator[str], vocab_size: int, min_frequency: int = 2, eos_token: str = "<|endoftext|>"
+) -> Tokenizer:
     """Train a byte-level BPE tokenizer (GPT-2 style pre-tokenisation)."""
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency,
-                                  special_tokens=[eos_token], show_progress=False,
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=[eos_token],
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
     tok.train_from_iterator(texts, trainer=trainer)
     return tok
 
@@ -52,8 +58,9 @@ def tokenize_snapshot(version_dir: str | Path, config: TokenizeConfig) -> dict[s
     if config.tokenizer:
         tok = Tokenizer.from_file(config.tokenizer)
     else:
-        tok = train_tokenizer(_documents(version_dir), config.vocab_size, config.min_frequency,
-                              config.eos_token)
+        tok = train_tokenizer(
+            _documents(version_dir), config.vocab_size, config.min_frequency, config.eos_token
+        )
     tok_path = out / "tokenizer.json"
     tok.save(str(tok_path))
     eos = tok.token_to_id(config.eos_token)
@@ -64,8 +71,7 @@ def tokenize_snapshot(version_dir: str | Path, config: TokenizeConfig) -> dict[s
     for i in range(config.num_shards):
         path = out / f"tokens-{i:05d}-of-{config.num_shards:05d}.array_record"
         writers.append(ArrayRecordWriter(str(path), "group_size:1"))
-        shards.append({"path": path.relative_to(version_dir).as_posix(), "records": 0,
-                       "tokens": 0})
+        shards.append({"path": path.relative_to(version_dir).as_posix(), "records": 0, "tokens": 0})
     batch: list[str] = []
     n = 0
 
@@ -87,11 +93,16 @@ def tokenize_snapshot(version_dir: str | Path, config: TokenizeConfig) -> dict[s
     flush()
     for w in writers:
         w.close()
-    index = {"format": "uint32-le token ids per record, eos-terminated",
-             "tokenizer": "tokens/tokenizer.json",
-             "tokenizer_sha256": hashlib.sha256(tok_path.read_bytes()).hexdigest(),
-             "vocab_size": tok.get_vocab_size(), "eos_id": eos, "shards": shards,
-             "records": n, "tokens": sum(s["tokens"] for s in shards)}
+    index = {
+        "format": "uint32-le token ids per record, eos-terminated",
+        "tokenizer": "tokens/tokenizer.json",
+        "tokenizer_sha256": hashlib.sha256(tok_path.read_bytes()).hexdigest(),
+        "vocab_size": tok.get_vocab_size(),
+        "eos_id": eos,
+        "shards": shards,
+        "records": n,
+        "tokens": sum(s["tokens"] for s in shards),
+    }
     (out / "index.json").write_text(json.dumps(index, indent=1, sort_keys=True) + "\n")
     return index
 

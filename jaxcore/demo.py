@@ -27,8 +27,11 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seq", type=int, default=128, help="tokens per example")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--val-files", type=int, default=64, help="files held out for validation")
-    p.add_argument("--run-dir", default="demo_runs/checkpoints",
-                   help="checkpoints go here; a second run resumes from them")
+    p.add_argument(
+        "--run-dir",
+        default="demo_runs/checkpoints",
+        help="checkpoints go here; a second run resumes from them",
+    )
     args = p.parse_args(argv)
     if args.steps < 1:
         p.error(f"--steps={args.steps}: train at least 1 step")
@@ -63,18 +66,23 @@ def main(argv: list[str] | None = None) -> int:
         f"as bytes ({len(source)} files, the last {args.val_files} held out), "
         f"{jax.device_count()} {jax.devices()[0].platform} devices"
     )
-    cfg = TransformerConfig(d_model=128, n_layers=4, n_heads=4, n_kv_heads=2, d_ff=384,
-                            max_seq_len=args.seq)
-    engine = jc.Engine(parallel=jc.ParallelConfig(fsdp=-1), zero=3, clip_grad_norm=1.0,
-                       seed=args.seed)
+    cfg = TransformerConfig(
+        d_model=128, n_layers=4, n_heads=4, n_kv_heads=2, d_ff=384, max_seq_len=args.seq
+    )
+    engine = jc.Engine(
+        parallel=jc.ParallelConfig(fsdp=-1), zero=3, clip_grad_norm=1.0, seed=args.seed
+    )
     # A fixed schedule (not tied to --steps) so that resumed runs continue the same one.
     schedule = optax.warmup_cosine_decay_schedule(0.0, 3e-3, 30, 300, 3e-4)
     optimizer = optax.adamw(schedule, weight_decay=0.1)
-    loader = jc.Loader(train_docs, jc.InputConfig(global_batch_size=args.batch,
-                                                  seq_len=args.seq, seed=args.seed),
-                       engine.batch_sharding)
-    ckpt = jc.Checkpointer(jc.CheckpointConfig(directory=args.run_dir, save_every_steps=50,
-                                               keep_last=2))
+    loader = jc.Loader(
+        train_docs,
+        jc.InputConfig(global_batch_size=args.batch, seq_len=args.seq, seed=args.seed),
+        engine.batch_sharding,
+    )
+    ckpt = jc.Checkpointer(
+        jc.CheckpointConfig(directory=args.run_dir, save_every_steps=50, keep_last=2)
+    )
     state, loader = ckpt.restore_or_init(
         engine, lambda rngs: Transformer(cfg, rngs=rngs), optimizer, loader
     )
@@ -87,9 +95,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     step = engine.train_step(lm_loss)
     evaluate = engine.eval_step(lm_loss)
-    val_loader = jc.Loader(val_docs, jc.InputConfig(global_batch_size=args.batch,
-                                                    seq_len=args.seq, shuffle=False),
-                           engine.batch_sharding)
+    val_loader = jc.Loader(
+        val_docs,
+        jc.InputConfig(global_batch_size=args.batch, seq_len=args.seq, shuffle=False),
+        engine.batch_sharding,
+    )
     val_batches = [next(val_loader) for _ in range(4)]
     val_loader.close()
 
@@ -104,16 +114,24 @@ def main(argv: list[str] | None = None) -> int:
     start, losses = time.perf_counter(), []
     tokens = args.batch * args.seq
     # On CPU the fake devices share the machine's cores: the peak is the machine's.
-    meter = StepMeter(tokens_per_step=tokens, every=10,
-                      flops_per_step=training_flops_per_token(cfg, args.seq) * tokens,
-                      peak_flops=measure_matmul_peak())
+    meter = StepMeter(
+        tokens_per_step=tokens,
+        every=10,
+        flops_per_step=training_flops_per_token(cfg, args.seq) * tokens,
+        peak_flops=measure_matmul_peak(),
+    )
     with TrainProgress(total_steps=first + args.steps, console=console) as progress:
         progress.update(first)
         for n in range(first + 1, first + args.steps + 1):
             state, metrics = step(state, next(loader))
             # Passing the step (a host counter) keeps the loop free of device syncs.
-            ckpt.save(state, loader, metrics={"loss": metrics["loss"]}, step=n,
-                      force=n == first + args.steps)
+            ckpt.save(
+                state,
+                loader,
+                metrics={"loss": metrics["loss"]},
+                step=n,
+                force=n == first + args.steps,
+            )
             stats = meter.update(metrics["loss"])
             progress.update(n, loss=metrics["loss"] if stats else None, stats=stats)
             losses.append(metrics["loss"])

@@ -15,15 +15,24 @@ from data import diff_versions, load_config, open_dataset, verify_checksums
 from data.cli import main
 
 
-def write_config(root: Path, corpus: dict[str, Path], version: str = "v1", out: str = "out",
-                 **extra) -> Path:
-    (root / "humaneval.txt").write_text(
-        "def has_close_elements(numbers, threshold):\n")
-    cfg = {"sources": [{"type": "git", "path": str(corpus["alpha"]), "stars": 10},
-                       {"type": "git", "path": str(corpus["beta"]), "stars": 1000}],
-           "output_dir": str(root / out), "version": version, "num_shards": 2, "workers": 1,
-           "progress": False, "optout": {"registry": str(root / "optout.yaml")},
-           "decontam": {"files": [str(root / "humaneval.txt")]}, **extra}
+def write_config(
+    root: Path, corpus: dict[str, Path], version: str = "v1", out: str = "out", **extra
+) -> Path:
+    (root / "humaneval.txt").write_text("def has_close_elements(numbers, threshold):\n")
+    cfg = {
+        "sources": [
+            {"type": "git", "path": str(corpus["alpha"]), "stars": 10},
+            {"type": "git", "path": str(corpus["beta"]), "stars": 1000},
+        ],
+        "output_dir": str(root / out),
+        "version": version,
+        "num_shards": 2,
+        "workers": 1,
+        "progress": False,
+        "optout": {"registry": str(root / "optout.yaml")},
+        "decontam": {"files": [str(root / "humaneval.txt")]},
+        **extra,
+    }
     path = root / f"build-{out}-{version}.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
@@ -35,10 +44,21 @@ def git_file_count(repo: Path) -> int:
 
 def test_build_manifest_versions_and_cli(small_corpus: dict[str, Path], capsys) -> None:
     root = small_corpus["root"]
-    main(["optout", "add", "--registry", str(root / "optout.yaml"), "--path", "docs/*",
-          "--reason", "author asked"])
-    cfg_path = write_config(root, small_corpus, tokenize={"enabled": True, "vocab_size": 400,
-                                                          "num_shards": 2})
+    main(
+        [
+            "optout",
+            "add",
+            "--registry",
+            str(root / "optout.yaml"),
+            "--path",
+            "docs/*",
+            "--reason",
+            "author asked",
+        ]
+    )
+    cfg_path = write_config(
+        root, small_corpus, tokenize={"enabled": True, "vocab_size": 400, "num_shards": 2}
+    )
     assert main(["build", str(cfg_path), "--no-progress"]) == 0
     cfg = load_config(cfg_path)
     v1 = cfg.version_dir
@@ -47,8 +67,12 @@ def test_build_manifest_versions_and_cli(small_corpus: dict[str, Path], capsys) 
     kept = sum(pq.read_metadata(v1 / s["path"]).num_rows for s in m["shards"])
     drops = [r for d in m["drops"] for r in pq.read_table(v1 / d["path"]).to_pylist()]
     # Completeness: every input file is kept or in the drop table, exactly once.
-    assert m["inputs"]["files"] == n_inputs == kept + len(drops) == m["outputs"]["files"] + \
-        m["dropped"]["files"]
+    assert (
+        m["inputs"]["files"]
+        == n_inputs
+        == kept + len(drops)
+        == m["outputs"]["files"] + m["dropped"]["files"]
+    )
     out_rows = [r for s in m["shards"] for r in pq.read_table(v1 / s["path"]).to_pylist()]
     seen = {(r["repo"], r["path"]) for r in out_rows} | {(r["repo"], r["path"]) for r in drops}
     assert len(seen) == n_inputs
@@ -77,7 +101,8 @@ def test_build_manifest_versions_and_cli(small_corpus: dict[str, Path], capsys) 
     # A second version after a change: diff and changelog.
     (small_corpus["alpha"] / "src" / "new.py").write_text("def added():\n    return 'new'\n" * 3)
     (small_corpus["alpha"] / "src" / "constructor.py").write_text(
-        (small_corpus["alpha"] / "src" / "constructor.py").read_text() + "\n# changed\n")
+        (small_corpus["alpha"] / "src" / "constructor.py").read_text() + "\n# changed\n"
+    )
     git(small_corpus["alpha"], "add", "-A")
     git(small_corpus["alpha"], "commit", "-qm", "v2", date="2024-03-01T00:00:00+00:00")
     cfg2 = write_config(root, small_corpus, version="v2")
@@ -104,8 +129,23 @@ def test_cli_reports_config_errors(tmp_path: Path, capsys) -> None:
 
 def test_python_m_entry_point(tmp_path: Path) -> None:
     repo_root = Path(__file__).resolve().parents[2]
-    res = subprocess.run([sys.executable, "-m", "data", "optout", "add", "--registry",
-                          str(tmp_path / "r.yaml"), "--repo", "a/b", "--reason", "x"],
-                         cwd=repo_root, capture_output=True, text=True)
+    res = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "data",
+            "optout",
+            "add",
+            "--registry",
+            str(tmp_path / "r.yaml"),
+            "--repo",
+            "a/b",
+            "--reason",
+            "x",
+        ],
+        cwd=repo_root,
+        capture_output=True,
+        text=True,
+    )
     assert res.returncode == 0, res.stderr
     assert "version 1" in res.stdout

@@ -13,11 +13,13 @@ def test_errors_name_field_and_fix() -> None:
     with pytest.raises(DataConfigError, match=r"license.keep.*unknown license types"):
         LicenseConfig(keep=("permissive", "gpl"))
     with pytest.raises(DataConfigError, match=r"filters.nope: unknown key"):
-        config_from_dict({"sources": [{"type": "dir", "path": "."}], "output_dir": "o",
-                          "filters": {"nope": 1}})
+        config_from_dict(
+            {"sources": [{"type": "dir", "path": "."}], "output_dir": "o", "filters": {"nope": 1}}
+        )
     with pytest.raises(DataConfigError, match=r"num_shards: expected int"):
-        config_from_dict({"sources": [{"type": "dir", "path": "."}], "output_dir": "o",
-                          "num_shards": "four"})
+        config_from_dict(
+            {"sources": [{"type": "dir", "path": "."}], "output_dir": "o", "num_shards": "four"}
+        )
     with pytest.raises(DataConfigError, match=r"sources\[\].type"):
         config_from_dict({"sources": [{"type": "svn", "path": "."}], "output_dir": "o"})
 
@@ -25,7 +27,8 @@ def test_errors_name_field_and_fix() -> None:
 def test_yaml_roundtrip(tmp_path) -> None:
     (tmp_path / "c.yaml").write_text(
         "sources:\n  - {type: git, path: repo, stars: 3}\noutput_dir: out\nnum_shards: 2\n"
-        "dedup: {threshold: 0.8, priority: [recency]}\ndecontam: {strings: [abc]}\n")
+        "dedup: {threshold: 0.8, priority: [recency]}\ndecontam: {strings: [abc]}\n"
+    )
     cfg = load_config(tmp_path / "c.yaml")
     assert cfg.sources[0].path == str(tmp_path / "repo")
     assert cfg.output_dir == str(tmp_path / "out")

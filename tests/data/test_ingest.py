@@ -57,8 +57,10 @@ def test_directory_binary_size_encoding_symlink(tmp_path: Path) -> None:
     (root / "ok.py").write_text("x = 1\n")
     (root / "bin.dat").write_bytes(b"abc\x00def")
     (root / "big.txt").write_text("y" * 5000)
-    french = ("# Ce module gère les entrées. Il était une fois un café où l'on préparait "
-              "la crème brûlée à la française, et déjà les élèves étaient là.\n") * 8
+    french = (
+        "# Ce module gère les entrées. Il était une fois un café où l'on préparait "
+        "la crème brûlée à la française, et déjà les élèves étaient là.\n"
+    ) * 8
     (root / "latin.txt").write_bytes(french.encode("latin-1"))
     os.symlink("/etc/passwd", root / "escape")
     recs, _ = _ingest([SourceConfig(type="dir", path=str(root))], max_file_bytes=4096)
@@ -88,14 +90,18 @@ def _info(name: str, data: bytes = b"", kind: bytes = tarfile.REGTYPE, target: s
 def test_malicious_archives(tmp_path: Path) -> None:
     arch = tmp_path / "archives"
     arch.mkdir()
-    _tar(arch / "evil.tar.gz", [
-        _info("repo/ok.py", b"print('fine')\n"),
-        _info("../../etc/cron.d/evil", b"* * * * * root rm -rf /\n"),
-        _info("/abs/path.py", b"x = 1\n"),
-        _info("repo/link", kind=tarfile.SYMTYPE, target="../../../../etc/shadow"),
-        _info("repo/hard", kind=tarfile.LNKTYPE, target="/etc/passwd"),
-        _info("repo/fifo", kind=tarfile.FIFOTYPE),
-    ], mode="w:gz")
+    _tar(
+        arch / "evil.tar.gz",
+        [
+            _info("repo/ok.py", b"print('fine')\n"),
+            _info("../../etc/cron.d/evil", b"* * * * * root rm -rf /\n"),
+            _info("/abs/path.py", b"x = 1\n"),
+            _info("repo/link", kind=tarfile.SYMTYPE, target="../../../../etc/shadow"),
+            _info("repo/hard", kind=tarfile.LNKTYPE, target="/etc/passwd"),
+            _info("repo/fifo", kind=tarfile.FIFOTYPE),
+        ],
+        mode="w:gz",
+    )
     # A zip bomb: 50 MB of zeros compresses to ~50 KB; the per-file bound stops it.
     with zipfile.ZipFile(arch / "bomb.zip", "w", zipfile.ZIP_DEFLATED) as zf:
         zf.writestr("bomb/zeros.txt", b"0" * 50_000_000)
@@ -103,14 +109,18 @@ def test_malicious_archives(tmp_path: Path) -> None:
         zf.writestr("bomb/fine.py", b"y = 3\n")
     # A corrupt archive: a truncated gzip stream after one good member.
     good = io.BytesIO()
-    _tar(tmp_path / "t.tar", [_info("c/a.py", b"a = 1\n" * 2000),
-                              _info("c/b.py", b"b = 2\n" * 2000)])
+    _tar(
+        tmp_path / "t.tar", [_info("c/a.py", b"a = 1\n" * 2000), _info("c/b.py", b"b = 2\n" * 2000)]
+    )
     data = gzip.compress((tmp_path / "t.tar").read_bytes())
     (arch / "corrupt.tar.gz").write_bytes(data[: len(data) // 2])
     (arch / "garbage.zip").write_bytes(b"PK\x03\x04 not really a zip" + bytes(100))
     del good
-    recs, stats = _ingest([SourceConfig(type="archive", path=str(arch), layout="repos")],
-                          max_file_bytes=1_000_000, max_archive_bytes=10_000_000)
+    recs, stats = _ingest(
+        [SourceConfig(type="archive", path=str(arch), layout="repos")],
+        max_file_bytes=1_000_000,
+        max_archive_bytes=10_000_000,
+    )
     by = {(r.repo, r.path): r for r in recs}
     assert by[("evil", "repo/ok.py")].content == "print('fine')\n"
     assert by[("evil", "../../etc/cron.d/evil")].drop_reason == "unsafe_path"
@@ -131,8 +141,9 @@ def test_malicious_archives(tmp_path: Path) -> None:
 def test_archive_total_budget(tmp_path: Path) -> None:
     members = [_info(f"r/f{i}.txt", b"z" * 4000) for i in range(10)]
     _tar(tmp_path / "many.tar", members)
-    recs, _ = _ingest([SourceConfig(type="archive", path=str(tmp_path / "many.tar"))],
-                      max_archive_bytes=10_000)
+    recs, _ = _ingest(
+        [SourceConfig(type="archive", path=str(tmp_path / "many.tar"))], max_archive_bytes=10_000
+    )
     kept = [r for r in recs if not r.drop_stage]
     assert len(kept) == 2
     assert recs[-1].drop_reason == "archive_budget_exceeded"

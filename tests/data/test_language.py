@@ -10,8 +10,11 @@ LABELS = Path(__file__).with_name("language_labels.tsv")
 
 
 def test_accuracy_on_labelled_real_files(site_packages: Path) -> None:
-    rows = [line.rstrip("\n").split("\t") for line in LABELS.read_text().splitlines()
-            if line and not line.startswith("#")]
+    rows = [
+        line.rstrip("\n").split("\t")
+        for line in LABELS.read_text().splitlines()
+        if line and not line.startswith("#")
+    ]
     present = [(p, lang) for p, lang in rows if (site_packages / p).is_file()]
     assert len(present) >= 0.9 * len(rows), "labelled files missing: is the venv complete?"
     correct = 0
@@ -30,11 +33,13 @@ def test_accuracy_on_labelled_real_files(site_packages: Path) -> None:
 def test_strategies_and_ambiguous_extensions() -> None:
     assert detect_language("x.h", "#include <vector>\nnamespace a { class B {}; }\n")[0] == "C++"
     assert detect_language("x.h", "int add(int a, int b);\n")[0] == "C"
-    assert detect_language("x.h", "#import <Foundation/Foundation.h>\n@interface A\n@end\n")[0] \
+    assert (
+        detect_language("x.h", "#import <Foundation/Foundation.h>\n@interface A\n@end\n")[0]
         == "Objective-C"
+    )
     matlab = "function y = f(x)\n  % square\n  y = x.^2;\nend\n"
     assert detect_language("x.m", matlab)[0] == "MATLAB"
-    assert detect_language("x.m", "#import \"A.h\"\n@implementation A\n@end\n")[0] == "Objective-C"
+    assert detect_language("x.m", '#import "A.h"\n@implementation A\n@end\n')[0] == "Objective-C"
     assert detect_language("x.pl", ":- module(x, []).\nfoo(X) :- bar(X).\n")[0] == "Prolog"
     assert detect_language("x.pl", "use strict;\nmy $x = 1;\n")[0] == "Perl"
     assert detect_language("tool", "#!/usr/bin/env python3\nprint(1)\n") == ("Python", "shebang")

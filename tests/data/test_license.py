@@ -20,9 +20,11 @@ from data.records import FileRecord
 def test_agreement_with_declared_spdx_ids(site_packages: Path) -> None:
     report = package_license_agreement(site_packages)
     bad = [(r["package"], r["declared"], r["detected"]) for r in report["rows"] if not r["agree"]]
-    print(f"license agreement {report['agreement']:.3f} (first license) / "
-          f"{report['agreement_any']:.3f} (any) on {report['packages']} packages; "
-          f"disagreements: {bad}")
+    print(
+        f"license agreement {report['agreement']:.3f} (first license) / "
+        f"{report['agreement_any']:.3f} (any) on {report['packages']} packages; "
+        f"disagreements: {bad}"
+    )
     assert report["packages"] >= 30
     assert report["agreement"] >= 0.90
 
@@ -53,8 +55,11 @@ def test_directory_scope_spdx_headers_and_drop(tmp_path: Path) -> None:
         FileRecord(repo="r", path="vendor/gpl/COPYING", content=_gpl_text()),
         FileRecord(repo="r", path="vendor/gpl/lib.c", content="int x;\n"),
         FileRecord(repo="r", path="vendor/gpl/sub/deep.c", content="int y;\n"),
-        FileRecord(repo="r", path="vendor/gpl/mit_file.c",
-                   content="// SPDX-License-Identifier: MIT\nint z;\n"),
+        FileRecord(
+            repo="r",
+            path="vendor/gpl/mit_file.c",
+            content="// SPDX-License-Identifier: MIT\nint z;\n",
+        ),
         FileRecord(repo="s", path="main.go", content="package main\n"),
         FileRecord(repo="t", path="README.md", content="# T\n\n## License\n\nApache-2.0\n"),
         FileRecord(repo="t", path="t.py", content="pass\n"),
@@ -69,6 +74,10 @@ def test_directory_scope_spdx_headers_and_drop(tmp_path: Path) -> None:
     assert out[("s", "main.go")].license_type == "no_license"
     assert not out[("s", "main.go")].drop_stage
     assert out[("t", "t.py")].license_ids == ("Apache-2.0",)
-    strict = {(r.repo, r.path): r for r in _run(
-        [FileRecord(repo="s", path="main.go", content="package main\n")], keep=("permissive",))}
+    strict = {
+        (r.repo, r.path): r
+        for r in _run(
+            [FileRecord(repo="s", path="main.go", content="package main\n")], keep=("permissive",)
+        )
+    }
     assert strict[("s", "main.go")].drop_reason == "no_license"

@@ -117,8 +117,11 @@ def test_pii_log_keyed_by_a_secret_outside_the_snapshot(tmp_path: Path, monkeypa
     _build(tmp_path, [{"type": "git", "path": str(repo)}], tmp_path / "optout.yaml")
     out = tmp_path / "out"
     key = bytes.fromhex((out / ".pii_secrets" / "v1.key").read_text())
-    logged = [r for part in sorted((out / "v1" / "pii_log").glob("*.parquet"))
-              for r in pq.read_table(part).to_pylist()]
+    logged = [
+        r
+        for part in sorted((out / "v1" / "pii_log").glob("*.parquet"))
+        for r in pq.read_table(part).to_pylist()
+    ]
     digests = {r["value_hmac"] for r in logged}
     for value in ("Maple42!river", "93.184.216.34"):
         assert hmac.new(key, value.encode(), hashlib.sha256).hexdigest() in digests

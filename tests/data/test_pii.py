@@ -13,23 +13,32 @@ from pathlib import Path
 from data.config import PII_TYPES, PIIConfig
 from data.pii import PIIDetector, evaluate, luhn_ok
 
-CASES = [json.loads(x) for x in Path(__file__).with_name("pii_labelled.jsonl").read_text()
-         .splitlines()]
+CASES = [
+    json.loads(x) for x in Path(__file__).with_name("pii_labelled.jsonl").read_text().splitlines()
+]
 
 
 def test_labelled_set_is_large_enough() -> None:
     positives = [p for c in CASES for p in c["pii"]]
     negatives = [c for c in CASES if not c["pii"]]
     assert len(positives) >= 200 and len(negatives) >= 200
-    assert {p["type"] for p in positives} >= {"email", "ip", "key", "password", "credit_card",
-                                              "phone"}
+    assert {p["type"] for p in positives} >= {
+        "email",
+        "ip",
+        "key",
+        "password",
+        "credit_card",
+        "phone",
+    }
 
 
 def test_precision_recall_targets() -> None:
     report = evaluate(CASES, PIIDetector(PIIConfig(types=PII_TYPES)))  # phones opted in
     errors = report.pop("_errors")
-    print("PII precision/recall:", {k: (round(v["precision"], 3), round(v["recall"], 3))
-                                    for k, v in report.items()})
+    print(
+        "PII precision/recall:",
+        {k: (round(v["precision"], 3), round(v["recall"], 3)) for k, v in report.items()},
+    )
     for kind in ("email", "ip", "key"):
         assert report[kind]["recall"] >= 0.95, (kind, errors)
         assert report[kind]["precision"] >= 0.90, (kind, errors)
@@ -38,10 +47,12 @@ def test_precision_recall_targets() -> None:
 
 
 def test_redaction_consistent_and_log_has_no_values() -> None:
-    text = ('a = "93.184.216.34"\nb = "93.184.216.34"\nc = "151.101.1.69"\n'
-            'v6 = "2a03:2880:f12f:83:face:b00c::25de"\n'
-            'mail = "jane.roe@acme-corp.io"  # and again jane.roe@acme-corp.io\n'
-            'KEY = "ghp_aB3dE5fG7hJ9kL1mN3pQ5rS7tU9vW1xY3zA5"\npassword = "Tr0ub4dor&3"\n')
+    text = (
+        'a = "93.184.216.34"\nb = "93.184.216.34"\nc = "151.101.1.69"\n'
+        'v6 = "2a03:2880:f12f:83:face:b00c::25de"\n'
+        'mail = "jane.roe@acme-corp.io"  # and again jane.roe@acme-corp.io\n'
+        'KEY = "ghp_aB3dE5fG7hJ9kL1mN3pQ5rS7tU9vW1xY3zA5"\npassword = "Tr0ub4dor&3"\n'
+    )
     key = b"k" * 32
     out, log = PIIDetector().redact(text, secret=key)
     assert "93.184.216.34" not in out and "jane.roe" not in out and "ghp_" not in out
@@ -61,7 +72,7 @@ def test_redaction_consistent_and_log_has_no_values() -> None:
     other = {e["hmac"] for e in PIIDetector().redact(text, secret=b"x" * 32)[1]}
     assert other.isdisjoint(e["hmac"] for e in log)
     first = log[0]
-    assert text[first["start"]:first["end"]] == "93.184.216.34"
+    assert text[first["start"] : first["end"]] == "93.184.216.34"
 
 
 def test_luhn() -> None:
@@ -69,24 +80,30 @@ def test_luhn() -> None:
 
 
 def test_redact_command_matches_the_stage_and_reads_env() -> None:
-    text = ("DB_PASSWORD=Maple42!river\nmail = 'jane.roe@acme-corp.io'\n"
-            '"integrity": "sha512-ZGVhZGJlZWZkZWFkYmVlZmRlYWRiZWVmZGVhZGJlZWY="\n')
+    text = (
+        "DB_PASSWORD=Maple42!river\nmail = 'jane.roe@acme-corp.io'\n"
+        '"integrity": "sha512-ZGVhZGJlZWZkZWFkYmVlZmRlYWRiZWVmZGVhZGJlZWY="\n'
+    )
     cmd = [sys.executable, "-m", "data", "redact"]
     out = subprocess.run(cmd, input=text, capture_output=True, text=True, check=True).stdout
     assert out == PIIDetector().redact(text)[0]
     assert "DB_PASSWORD=<PASSWORD>" in out and "<EMAIL>" in out  # the label survives
     env = dict(os.environ, PII_PATH="web/package-lock.json", PII_LANG="JSON")
-    locked = subprocess.run(cmd, input=text, capture_output=True, text=True, check=True,
-                            env=env).stdout
+    locked = subprocess.run(
+        cmd, input=text, capture_output=True, text=True, check=True, env=env
+    ).stdout
     assert locked == PIIDetector().redact(text, path="web/package-lock.json")[0]
     assert "sha512-ZGVh" in locked
 
 
 def test_import_pii_does_not_load_the_pipeline() -> None:
-    code = ("import sys, data.pii; bad = [m for m in ('data.pipeline', 'pyarrow', 'tokenizers',"
-            " 'jaxcore') if m in sys.modules]; print(bad)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         check=True).stdout.strip()
+    code = (
+        "import sys, data.pii; bad = [m for m in ('data.pipeline', 'pyarrow', 'tokenizers',"
+        " 'jaxcore') if m in sys.modules]; print(bad)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    ).stdout.strip()
     assert out == "[]"
 
 

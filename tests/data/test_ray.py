@@ -18,11 +18,16 @@ def test_ray_build_matches_local(small_corpus: dict[str, Path]) -> None:
     root = small_corpus["root"]
     local_cfg = load_config(write_config(root, small_corpus, out="local", num_shards=3))
     build(local_cfg)
-    ray_cfg = dataclasses.replace(load_config(write_config(root, small_corpus, out="ray",
-                                                           num_shards=3)), executor="ray")
+    ray_cfg = dataclasses.replace(
+        load_config(write_config(root, small_corpus, out="ray", num_shards=3)), executor="ray"
+    )
     repo_root = Path(__file__).resolve().parents[2]
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"PYTHONPATH": str(repo_root)}})
+    ray.init(
+        num_cpus=2,
+        include_dashboard=False,
+        log_to_driver=False,
+        runtime_env={"env_vars": {"PYTHONPATH": str(repo_root)}},
+    )
     try:
         build(ray_cfg)
     finally:

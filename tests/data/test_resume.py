@@ -30,9 +30,14 @@ def published_bytes(version_dir: Path) -> dict[str, bytes]:
 
 
 def run_build(cfg: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "data", "build", str(cfg), "--workers", "2",
-                             "--no-progress"], cwd=REPO_ROOT, env=env, start_new_session=True,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    return subprocess.Popen(
+        [sys.executable, "-m", "data", "build", str(cfg), "--workers", "2", "--no-progress"],
+        cwd=REPO_ROOT,
+        env=env,
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
 
 
 @pytest.mark.multiprocess

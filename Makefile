@@ -29,7 +29,7 @@ demo: $(VENV)/.installed-base
 
 test: $(VENV)/.installed-test
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q --durations=25
 
 # torch_xla is built against its own torch release, so it lives in its own venv.
 test-xla:

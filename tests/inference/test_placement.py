@@ -69,11 +69,19 @@ def test_resolve_model_registry_hook_and_hf_folders(tmp_path, monkeypatch):
     monkeypatch.delattr(registry, "resolve")
     with pytest.raises(jc.ConfigError, match="no resolve"):
         resolve_model("registry:demo@prod")
+    # A Hugging Face folder (config.json with a model_type) is read by jaxcore.hf, and its
+    # tokenizer.json, when there is one, comes along.
+    import jaxcore.hf
+
     hf = tmp_path / "hf"
     hf.mkdir()
-    (hf / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLM"]}))
-    with pytest.raises(jc.ConfigError, match=r"HF directories need jaxcore\.hf"):
-        resolve_model(hf)
+    (hf / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    loaded = []
+    monkeypatch.setattr(jaxcore.hf, "load", lambda path: loaded.append(path) or (CFG, params))
+    got = resolve_model(hf)
+    assert loaded == [hf] and got.config == CFG and got.tokenizer_path is None
+    (hf / "tokenizer.json").write_text("{}")
+    assert resolve_model(hf).tokenizer_path == str(hf)
 
 
 @settings(max_examples=50, deadline=None)

@@ -55,6 +55,8 @@ def _decode_weight_axes(cfg: TransformerConfig, names: dict[str, tuple | None]) 
     embed = names["embed"]
     head = tuple(reversed(embed)) if cfg.tie_embeddings else names["lm_head"]
     block_keys = ("attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "w_gate", "w_up", "w_down")
+    # q/k/v biases (Qwen2) exist only when the config asks for them.
+    block_keys += tuple(k for k in ("bq", "bk", "bv") if k in names)
     return {
         "embed": embed,
         "final_norm": names["final_norm"],

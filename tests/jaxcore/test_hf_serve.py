@@ -9,6 +9,7 @@ import torch
 
 from inference import LLM, ServingConfig
 from inference.server import BackgroundServer, create_app
+from inference.tokenizer import piece
 from tests.jaxcore import hf_models as H
 
 PROMPT = "def fib(n): return n"  # 20 byte tokens: longer than Mistral's window of 5
@@ -41,7 +42,7 @@ def test_served_hf_directory_matches_transformers_logprobs(kind, tmp_path):
     with torch.no_grad():  # transformers' greedy continuation, one full forward per token
         for _ in range(8):
             ids.append(int(model(torch.as_tensor([ids])).logits[0, -1].argmax()))
-    assert lp.tokens == [llm.tokenizer.piece(i) for i in ids]
+    assert lp.tokens == [piece(llm.tokenizer.token_bytes(i)) for i in ids]
     assert lp.token_logprobs[0] is None
     # Prompt tokens come from the prefill, the 8 completion tokens from KV-cache decode
     # steps (sliding-window mask, biases and scaled rotary all on the decode path too).

@@ -118,4 +118,6 @@ def test_notebook_executes(name, tmp_path):
     text = _text(nb)
     missing = [s for s in EXPECTED[name] if s not in text]
     assert not missing, f"{name}: outputs lack {missing}; they were:\n{text[-4000:]}"
-    assert not list(EXAMPLES.glob("*_run")), "the notebook wrote into examples/"
+    run_dir = name.replace(".ipynb", "_run").replace("finetune_hf", "finetune")
+    assert (workdir / run_dir).is_dir(), f"{name} did not write its files under its cwd"
+    assert not list(EXAMPLES.glob("*_run")), f"{name} wrote into examples/"

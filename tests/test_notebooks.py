@@ -18,12 +18,13 @@ import pytest
 
 EXAMPLES = pathlib.Path(__file__).resolve().parent.parent / "examples"
 NOTEBOOKS = ("quickstart.ipynb", "finetune_hf.ipynb")
-CELL_TIMEOUT_S = 300  # one cell on a loaded 2-core CI machine; typical cells take seconds
+CELL_TIMEOUT_S = 600  # a hang guard: the longest cell took 140 s at load average 18 on 2 cores
 
 # What each notebook must print: proof that each part did its job, not only that no
 # cell raised.
 EXPECTED = {
     "quickstart.ipynb": [
+        "nothing to install",  # the install cell is skipped where jaxcore imports
         "non_permissive=",  # the license filter dropped the GPL repository
         "owner request",  # the opt-out registry dropped bigco/private
         "exact_duplicate=",  # dedup dropped the fork's copies
@@ -38,6 +39,7 @@ EXPECTED = {
         "losses from process 0",
     ],
     "finetune_hf.ipynb": [
+        "nothing to install",
         "model.safetensors",
         "max |logit difference|",
         "models: ['llama-finetuned']",
@@ -64,7 +66,7 @@ def test_notebook_is_committed_clean_and_explained(name):
     kinds = [c.cell_type for c in nb.cells]
     assert kinds[0] == "markdown" and kinds.count("markdown") >= len(code) // 2 + 2, kinds
     # The install cell comes first and is skipped where jaxcore already imports.
-    assert 'find_spec("jaxcore") is None' in code[0].source and "pip" in code[0].source
+    assert 'find_spec("jaxcore") is not None' in code[0].source and "pip" in code[0].source
     # XLA_FLAGS is set before the first cell that imports JAX (or jaxcore, which imports it).
     first_jax = next(
         i for i, c in enumerate(code) if "import jax" in c.source or "import jaxcore" in c.source

@@ -70,6 +70,13 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"jaxcore run: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(
+            "jaxcore run: interrupted. Run the same command again: finished phases are "
+            "reused and the interrupted one resumes from its last checkpoint.",
+            file=sys.stderr,
+        )
+        return 130
     if args.json:
         print(json.dumps(result.summary, indent=1, default=str))
     return 0

@@ -24,8 +24,13 @@ $(VENV)/.installed-test: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e ".[$(TEST_EXTRAS)]"
 	touch $@ $(VENV)/.installed-base
 
-demo: $(VENV)/.installed-base
-	$(BIN)/python -m jaxcore.demo
+# The demo needs the data pipeline, the experiments store, the server and the OpenAI client.
+$(VENV)/.installed-demo: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e ".[data,experiments,serve,run]"
+	touch $@ $(VENV)/.installed-base
+
+demo: $(VENV)/.installed-demo
+	$(BIN)/jaxcore run configs/demo.yaml
 
 test: $(VENV)/.installed-test
 	$(BIN)/ruff check .

@@ -124,8 +124,10 @@ class OpenAIServer:
         model_name: str = "jaxcore",
         max_tokens_limit: int | None = None,
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+        lineage: dict[str, Any] | None = None,
     ):
         self.llm = llm
+        self.lineage = lineage  # where the weights came from (registry), in /v1/models
         self.tok = llm.tokenizer
         self.model_name = model_name
         self.max_tokens_limit = max_tokens_limit or llm.scheduler.max_len
@@ -277,6 +279,7 @@ class OpenAIServer:
             "created": self.created,
             "owned_by": "jaxcore",
             "max_model_len": self.llm.scheduler.max_len,
+            **({"lineage": self.lineage} if self.lineage else {}),
         }
 
     def _check_model(self, name: str) -> None:
@@ -632,14 +635,17 @@ def create_app(
     model_name: str = "jaxcore",
     max_tokens_limit: int | None = None,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    lineage: dict[str, Any] | None = None,
 ) -> Any:
-    """The FastAPI app serving ``llm`` (starts its scheduler thread)."""
+    """The FastAPI app serving ``llm`` (starts its scheduler thread); ``lineage`` (a
+    registered version's) is reported by ``/v1/models``."""
     llm.start()
     return OpenAIServer(
         llm,
         model_name=model_name,
         max_tokens_limit=max_tokens_limit,
         max_request_bytes=max_request_bytes,
+        lineage=lineage,
     ).app
 
 
@@ -744,11 +750,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     log.info("compiling %d prefill buckets and the decode step", len(llm.engine.buckets))
     llm.engine.warmup()
     name = args.served_model_name or str(args.model)
+    lineage = None
+    if str(args.model).startswith("registry:"):  # a registered version reports its lineage
+        from jaxcore.experiments.registry import resolve
+
+        lineage = resolve(str(args.model)).lineage
     app = create_app(
         llm,
         model_name=name,
         max_tokens_limit=args.max_tokens_limit,
         max_request_bytes=args.max_request_bytes,
+        lineage=lineage,
     )
     log.info("serving %s on http://%s:%d/v1", name, args.host, args.port)
     try:

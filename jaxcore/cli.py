@@ -12,6 +12,7 @@ import sys
 # subcommand -> (module with main(argv) -> int, what it does)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "demo": ("jaxcore.demo", "train the reference model on the stdlib's source (make demo)"),
+    "run": ("jaxcore.run.cli", "one config: curate, tokenize, train, search, register, serve"),
     "launch": ("jaxcore.launch", "start N local processes wired together, or print Slurm/TPU"),
     "data": ("data.cli", "build, diff and inspect curated code datasets"),
     "export": ("jaxcore.hf.export", "write a training checkpoint as a Hugging Face model (--hf)"),

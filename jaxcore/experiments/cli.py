@@ -306,6 +306,10 @@ def _model(args: argparse.Namespace) -> int:
             info["versions"],
             ["version", "checkpoint_id", "metrics", "path", "description", "created"],
         )
+        from jaxcore.run.lineage import format_chain  # the chain back to the data
+
+        for v in info["versions"]:
+            print("\n".join(format_chain(info["name"], v)))
     return 0
 
 

@@ -134,7 +134,9 @@ class Registry:
         meta = {
             **(metadata or {}),
             "model_config": model_config,
-            "lineage": self._lineage(ckpt_row, src),
+            # The data lineage the trial recorded (dataset version, manifest and
+            # tokenizer hashes, code version) travels with the version.
+            "lineage": {**self._lineage(ckpt_row, src), **(recorded.get("lineage") or {})},
         }
         # The number is assigned by the store (atomically); the files follow.
         version = self.store.add_version(

@@ -118,6 +118,9 @@ class TrialContext:
         model_config: set it (a dict, e.g. ``dataclasses.asdict(TransformerConfig)``)
             and every checkpoint records it, so a registered version is self-describing.
         tokenizer_path: likewise, the tokenizer file the model was trained with.
+        lineage: likewise, where the training data came from (dataset version, manifest
+            and tokenizer hashes, code version); the Orbax record and the store's
+            checkpoint row both carry it.
     """
 
     def __init__(
@@ -146,6 +149,7 @@ class TrialContext:
         self.trial_dir = trial_dir(exp, trial_id)
         self.model_config: dict[str, Any] | None = None
         self.tokenizer_path: str | None = None
+        self.lineage: dict[str, Any] | None = None
         self.checkpoint_dir = self.trial_dir / "checkpoints"
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         self._last_validation: dict[str, float] = {}
@@ -224,7 +228,11 @@ class TrialContext:
                     save_on_sigterm=False,
                     announce=False,
                 ),
-                run_config={"trial": self.trial_id, "hparams": self.hparams},
+                run_config={
+                    "trial": self.trial_id,
+                    "hparams": self.hparams,
+                    "lineage": self.lineage,
+                },
             )
             if self._sigterm:
                 self._checkpointer.request_preemption()
@@ -286,8 +294,10 @@ class TrialContext:
 
     def _record(self, step: int, path: pathlib.Path, fmt: str, values: dict | None) -> None:
         meta = None
-        if self.model_config is not None or self.tokenizer_path is not None:
+        if self.model_config is not None or self.tokenizer_path is not None or self.lineage:
             meta = {"model_config": self.model_config, "tokenizer": self.tokenizer_path}
+            if self.lineage:
+                meta["lineage"] = self.lineage
         self.store.add_checkpoint(self.trial_id, step, str(path), fmt, values or None, meta)
 
     def _record_unlisted(self) -> None:

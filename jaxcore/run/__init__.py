@@ -1,0 +1,57 @@
+"""`jaxcore run`: curate a code corpus, train, search, register and serve from one config.
+
+    from jaxcore.run import load_run_config, run_pipeline, dry_run
+    cfg = load_run_config("configs/demo.yaml", ["train.steps=50"])
+    result = run_pipeline(cfg)   # phases data -> tokenizer -> train -> search -> register -> serve
+    result.summary["registry"]["lineage"]["manifest_sha256"]
+
+Built on the existing packages only: ``data`` (curation, snapshots, BPE and token shards),
+the Engine and reference model, ``jaxcore.experiments`` (store, ASHA, registry) and
+``inference`` (LLM, OpenAI-compatible server). See docs/architecture.md.
+"""
+
+from jaxcore.run.config import (
+    DataSection,
+    ModelSection,
+    RunConfig,
+    SearchSection,
+    ServeSection,
+    TokenizerSection,
+    TrainSection,
+    load_run_config,
+    parse_run_config,
+)
+from jaxcore.run.lineage import code_version, format_chain
+from jaxcore.run.phases import PHASES
+
+
+def run_pipeline(config: RunConfig, **kwargs):
+    """Run every phase (see `jaxcore.run.pipeline.run_pipeline`)."""
+    from jaxcore.run.pipeline import run_pipeline as run
+
+    return run(config, **kwargs)
+
+
+def dry_run(config: RunConfig, **kwargs):
+    """Print the plan without running it (see `jaxcore.run.pipeline.dry_run`)."""
+    from jaxcore.run.pipeline import dry_run as plan
+
+    return plan(config, **kwargs)
+
+
+__all__ = [
+    "PHASES",
+    "DataSection",
+    "ModelSection",
+    "RunConfig",
+    "SearchSection",
+    "ServeSection",
+    "TokenizerSection",
+    "TrainSection",
+    "code_version",
+    "dry_run",
+    "format_chain",
+    "load_run_config",
+    "parse_run_config",
+    "run_pipeline",
+]

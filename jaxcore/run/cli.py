@@ -1,0 +1,86 @@
+"""``jaxcore run CONFIG.yaml [--set KEY=VALUE ...] [--dry-run]``.
+
+Runs data -> tokenizer -> train -> search -> register -> serve -> summary from one
+config; a second run reuses what is finished. ``--dry-run`` prints the plan, the mesh
+and the per-device memory estimate without running a phase.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="jaxcore run", description=__doc__.splitlines()[0])
+    p.add_argument("config", help="the run YAML (e.g. configs/demo.yaml)")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a key, e.g. --set train.steps=4 (repeatable; values are YAML)",
+    )
+    p.add_argument("--dry-run", action="store_true", help="print the plan, run nothing")
+    p.add_argument("--json", action="store_true", help="also print the plan/summary as JSON")
+    return p.parse_args(argv)
+
+
+def _env_overrides() -> list[str]:
+    """``JAXCORE_RUN_SET="train.steps=4;search.enabled=false"`` (for make demo users)."""
+    text = os.environ.get("JAXCORE_RUN_SET", "")
+    return [s.strip() for s in text.split(";") if s.strip()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse(argv)
+    from jaxcore.errors import ConfigError
+    from jaxcore.run.config import load_run_config
+
+    try:
+        config = load_run_config(args.config, [*_env_overrides(), *args.overrides])
+    except ConfigError as e:
+        print(f"jaxcore run: {e}", file=sys.stderr)
+        return 2
+    # Fake CPU devices must be asked for before JAX starts its backend.
+    flags = os.environ.get("XLA_FLAGS", "")
+    if "xla_force_host_platform_device_count" not in flags:
+        flag = f"--xla_force_host_platform_device_count={config.train.devices}"
+        os.environ["XLA_FLAGS"] = f"{flags} {flag}".strip()
+    import jax
+
+    from jaxcore.run.pipeline import dry_run, run_pipeline
+
+    if jax.config.jax_compilation_cache_dir is None:
+        # Trials of one shape differ only in values held in the optimizer state, so the
+        # search's trials (and a second run) load the train phase's compiled programs.
+        jax.config.update("jax_compilation_cache_dir", str(config.path / "xla_cache"))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+
+    try:
+        if args.dry_run:
+            plan = dry_run(config)
+            if args.json:
+                print(json.dumps(plan, indent=1, default=str))
+            return 0
+        result = run_pipeline(config)
+    except ConfigError as e:
+        print(f"jaxcore run: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(
+            "jaxcore run: interrupted. Run the same command again: finished phases are "
+            "reused and the interrupted one resumes from its last checkpoint.",
+            file=sys.stderr,
+        )
+        return 130
+    if args.json:
+        print(json.dumps(result.summary, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

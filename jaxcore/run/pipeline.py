@@ -1,0 +1,160 @@
+"""`run_pipeline(config)`: the phases in order, skipping the finished ones, then the summary.
+
+`dry_run(config)` says what a run would do without doing it: the phases (run or reuse),
+the data inputs, the mesh and XLA's ahead-of-time memory estimate per device for the
+train step (``compiled.memory_analysis()``, through `jaxcore.compile_estimate`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import time
+from typing import Any
+
+from rich.console import Console
+
+from jaxcore.run import phases as ph
+from jaxcore.run.config import RunConfig
+from jaxcore.run.summary import render, summary_sections, write_summary
+
+
+@dataclasses.dataclass(frozen=True)
+class RunResult:
+    """What a run did: each phase's output, which phases were reused, the summary."""
+
+    outputs: dict[str, dict[str, Any]]
+    skipped: tuple[str, ...]
+    seconds: dict[str, float]
+    summary: dict[str, Any]
+    text: str
+
+
+def run_pipeline(config: RunConfig, *, console: Console | None = None) -> RunResult:
+    """Run every phase of ``config`` (reusing finished ones) and print the summary."""
+    console = console or Console()
+    run_dir = config.path
+    run_dir.mkdir(parents=True, exist_ok=True)
+    ctx = ph.RunContext(config=config, console=console)
+    skipped, seconds = [], {}
+    for i, phase in enumerate(ph.PHASES, 1):
+        fp = ph.fingerprint(config, phase, ctx.outputs)
+        record = ph.read_record(run_dir, phase)
+        title = f"[bold cyan]phase {i}/{len(ph.PHASES)}: {phase}[/]"
+        if record is not None and record["fingerprint"] == fp:
+            console.print(f"{title} finished in an earlier run: skipped")
+            ctx.outputs[phase] = record["output"]
+            skipped.append(phase)
+            continue
+        console.print(title)
+        t0 = time.perf_counter()
+        ctx.outputs[phase] = ph.RUNNERS[phase](ctx)
+        seconds[phase] = round(time.perf_counter() - t0, 2)
+        ph.write_record(
+            run_dir,
+            phase,
+            {
+                "phase": phase,
+                "fingerprint": fp,
+                "seconds": seconds[phase],
+                "output": ctx.outputs[phase],
+            },
+        )
+        console.print(f"  {phase} done in {seconds[phase]:.1f} s")
+    sections = summary_sections(ctx.outputs, run_dir)
+    write_summary(run_dir, sections)
+    text = render(sections, skipped)
+    console.rule(f"[bold]jaxcore run {config.name}: summary")
+    console.print(text, markup=False, highlight=False)
+    return RunResult(ctx.outputs, tuple(skipped), seconds, sections, text)
+
+
+def dry_run(config: RunConfig, *, console: Console | None = None) -> dict[str, Any]:
+    """Print (and return) the plan: phases, inputs, mesh, per-device AOT memory estimate."""
+    import jax
+    import jax.numpy as jnp
+
+    import jaxcore as jc
+    from jaxcore.models import Transformer, TransformerConfig, count_params, lm_loss
+    from jaxcore.run import trial
+
+    console = console or Console()
+    run_dir = config.path
+    sources = ph.package_sources(config.data.packages) + [dict(s) for s in config.data.sources]
+    key = ph.input_hash(sources, config)
+    version_dir = pathlib.Path(config.data.output_dir) / f"v-{key[:12]}"
+    outputs: dict[str, dict] = {}
+    plan_phases = []
+    for phase in ph.PHASES:
+        record = ph.read_record(run_dir, phase)
+        reuse = record is not None and record["fingerprint"] == ph.fingerprint(
+            config, phase, outputs
+        )
+        if reuse:
+            outputs[phase] = record["output"]
+        plan_phases.append({"phase": phase, "action": "reuse" if reuse else "run"})
+    vocab = outputs.get("tokenizer", {}).get("vocab_size", config.tokenizer.vocab_size)
+    m, tr = config.model, config.train
+    hp = {
+        "vocab_size": vocab,
+        "d_model": m.d_model,
+        "n_layers": m.n_layers,
+        "n_heads": m.n_heads,
+        "n_kv_heads": m.n_kv_heads,
+        "d_ff": m.d_ff,
+        "seq": m.seq_len,
+        "lr": tr.lr,
+        "warmup": tr.warmup,
+        "weight_decay": tr.weight_decay,
+    }
+    cfg: TransformerConfig = trial.model_config(hp)
+    engine = jc.Engine(parallel=jc.ParallelConfig(fsdp=-1), zero=tr.zero, clip_grad_norm=1.0)
+    est = jc.compile_estimate(
+        engine,
+        lambda rngs: Transformer(cfg, rngs=rngs),
+        trial.optimizer(hp),
+        lm_loss,
+        {"tokens": ((tr.batch, m.seq_len + 1), jnp.int32)},
+    )
+    plan = {
+        "run_dir": str(run_dir),
+        "phases": plan_phases,
+        "data": {
+            "sources": [s["path"] for s in sources],
+            "input_hash": key,
+            "dataset_version": version_dir.name,
+            "dataset_exists": (version_dir / "manifest.json").is_file(),
+        },
+        "model": {**dataclasses.asdict(cfg), "parameters": count_params(cfg)},
+        "mesh": {k: int(v) for k, v in engine.mesh.shape.items()},
+        "devices": f"{jax.device_count()} x {jax.devices()[0].platform}",
+        "zero": tr.zero,
+        "global_batch": tr.batch,
+        "memory_per_device_bytes": {
+            "arguments": est.argument_bytes,
+            "outputs": est.output_bytes,
+            "temporaries": est.temp_bytes,
+            "aliased": est.alias_bytes,
+            "peak": est.per_device_bytes,
+        },
+        "flops_per_device_step": est.flops,
+    }
+    console.rule(f"[bold]jaxcore run {config.name} --dry-run")
+    for p in plan_phases:
+        console.print(f"  phase {p['phase']:<10} {p['action']}")
+    d = plan["data"]
+    console.print(
+        f"  data: {len(d['sources'])} sources, input hash {key[:12]} -> {d['dataset_version']} "
+        f"({'exists: reused' if d['dataset_exists'] else 'to build'})"
+    )
+    console.print(
+        f"  model: {plan['model']['parameters'] / 1e6:.2f}M parameters, vocab {vocab}, "
+        f"seq {m.seq_len}; devices {plan['devices']}; mesh {plan['mesh']}; ZeRO-{tr.zero}"
+    )
+    mem = plan["memory_per_device_bytes"]
+    console.print(
+        f"  AOT memory per device (XLA memory_analysis): peak {mem['peak'] / 2**20:.1f} MiB = "
+        f"arguments {mem['arguments'] / 2**20:.1f} + outputs {mem['outputs'] / 2**20:.1f} + "
+        f"temporaries {mem['temporaries'] / 2**20:.1f} - donated {mem['aliased'] / 2**20:.1f}"
+    )
+    return plan

@@ -1,0 +1,239 @@
+"""`jaxcore run`: the demo config end to end at a tiny budget, reuse, lineage, dry run.
+
+One module-scoped run (data -> tokenizer -> train -> search -> register -> serve) feeds
+the tests; JAX's persistent compilation cache (a temporary folder) lets the search trials
+and the resumed run load the train phase's programs instead of compiling again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import pathlib
+import zlib
+
+import jax
+import pytest
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
+
+from jaxcore.errors import ConfigError
+from jaxcore.run import PHASES, parse_run_config, run_pipeline
+from jaxcore.run.chart import encode_png, terminal_chart
+from jaxcore.run.config import apply_overrides
+from jaxcore.run.summary import SECTIONS
+
+DEMO = pathlib.Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"
+TINY = [
+    "data.packages=[idna]",
+    "tokenizer.vocab_size=512",
+    "model.d_model=32",
+    "model.n_layers=1",
+    "model.d_ff=64",
+    "model.seq_len=32",
+    "train.steps=4",
+    "train.batch=8",
+    "train.warmup=0",
+    "train.checkpoint_every=2",
+    "search.max_trials=2",
+    "search.max_length=4",
+    "serve.max_tokens=4",
+    "serve.prompts=['def f(x):', 'import os']",
+]
+
+
+def tiny_config(root: pathlib.Path, *extra: str):
+    raw = yaml.safe_load(DEMO.read_text())
+    return parse_run_config(raw, root, [*TINY, "run_dir=run", "data.output_dir=datasets", *extra])
+
+
+@pytest.fixture(scope="module")
+def compile_cache(tmp_path_factory):
+    keys = (
+        "jax_compilation_cache_dir",
+        "jax_persistent_cache_min_compile_time_secs",
+        "jax_persistent_cache_min_entry_size_bytes",
+    )
+    before = {k: getattr(jax.config, k) for k in keys}
+    jax.config.update("jax_compilation_cache_dir", str(tmp_path_factory.mktemp("xla-cache")))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    yield
+    for k, v in before.items():
+        jax.config.update(k, v)
+
+
+@pytest.fixture(scope="module")
+def first_run(tmp_path_factory, compile_cache):
+    root = tmp_path_factory.mktemp("run")
+    config = tiny_config(root)
+    return root, config, run_pipeline(config)
+
+
+@pytest.mark.slow
+def test_demo_config_runs_end_to_end_and_summary_has_every_section(first_run):
+    _, config, result = first_run
+    assert result.skipped == ()
+    assert set(result.outputs) == set(PHASES)
+    for section in SECTIONS:
+        assert result.summary[section], section
+    data = result.summary["data"]
+    assert data["files_in"] == data["files_kept"] + data["files_dropped"]
+    assert data["dropped_by_stage"]["ingest"]["binary"] > 0  # __pycache__ files
+    assert len(result.summary["loss"]["train_curve"]) == config.train.steps
+    png = pathlib.Path(result.summary["loss"]["png"])
+    assert png.parent == config.path and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert result.summary["speed"]["tokens_per_s"] > 0
+    assert result.summary["speed"]["mfu"] > 0
+    assert len(result.summary["best_trial"]["search_trials"]) == 2
+    completions = result.summary["completions"]
+    assert [c["prompt"] for c in completions] == list(config.serve.prompts)
+    assert all(isinstance(c["text"], str) for c in completions)
+    for heading in ("== data", "== loss", "== speed", "== best trial", "== registry"):
+        assert heading in result.text
+    assert json.loads((config.path / "summary.json").read_text())["registry"]["version"] == 1
+
+
+@pytest.mark.slow
+def test_second_run_skips_finished_phases(first_run):
+    _, config, first = first_run
+    again = run_pipeline(config)
+    assert again.skipped == PHASES  # data and training included: nothing ran again
+    assert again.seconds == {}
+    assert again.summary["registry"] == first.summary["registry"]
+
+
+@pytest.mark.slow
+def test_registry_lineage_matches_the_data_phase(first_run, capsys):
+    from jaxcore.experiments import Store, registry
+    from jaxcore.experiments.cli import main as experiments_cli
+
+    _, config, result = first_run
+    data = result.outputs["data"]
+    manifest = pathlib.Path(data["version_dir"]) / "manifest.json"
+    written = hashlib.sha256(manifest.read_bytes()).hexdigest()
+    assert data["manifest_sha256"] == written
+    db = f"sqlite:///{config.path / 'jaxcore.db'}"
+    m = registry.resolve(f"registry:{config.model_name}@latest", db=db)
+    assert m.lineage["manifest_sha256"] == written
+    assert m.lineage["dataset_version"] == data["version"]
+    assert m.lineage["tokenizer_sha256"] == result.outputs["tokenizer"]["tokenizer_sha256"]
+    assert m.lineage["code_version"].startswith(("git:", "jaxcore=="))
+    store = Store(db)  # every checkpoint row carries the lineage, not only the registered one
+    try:
+        rows = store.checkpoints(state="COMPLETED")
+        assert rows and all(r["meta"]["lineage"]["manifest_sha256"] == written for r in rows)
+    finally:
+        store.close()
+    assert result.outputs["serve"]["model"]["lineage"]["manifest_sha256"] == written
+    assert experiments_cli(["model", "describe", config.model_name, "--db", db]) == 0
+    out = capsys.readouterr().out
+    assert f"manifest sha256 {written}" in out and data["version"] in out
+
+
+@pytest.mark.slow
+def test_interrupted_train_phase_resumes_and_dataset_is_found_by_input_hash(first_run, monkeypatch):
+    from jaxcore.run import trial
+
+    root, _, _ = first_run
+    config = tiny_config(root, "run_dir=resumed", "search.enabled=false", "serve.enabled=false")
+
+    def interrupt(ctx, step):
+        if step == 3:  # after the step-2 checkpoint, before the step-4 one
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(trial, "after_step", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        run_pipeline(config)
+    assert not (config.path / "phases" / "train.json").exists()
+    monkeypatch.setattr(trial, "after_step", None)
+    result = run_pipeline(config)
+    assert result.skipped == ("data", "tokenizer")  # their records were written
+    assert result.outputs["train"]["resumed"] is True
+    assert result.outputs["train"]["trials"][0]["resumed_from_step"] == 2
+    # The first run's dataset version, found by the input hash (another run directory).
+    first_data = json.loads((root / "run" / "phases" / "data.json").read_text())["output"]
+    assert result.outputs["data"]["version_dir"] == first_data["version_dir"]
+
+
+@pytest.mark.slow
+def test_dry_run_prints_plan_mesh_and_memory(first_run, tmp_path, capsys):
+    from jaxcore.run.cli import main
+
+    root, config, _ = first_run
+    raw = apply_overrides(yaml.safe_load(DEMO.read_text()), TINY)
+    raw.update(run_dir=str(config.path), data={**raw["data"], "output_dir": str(root / "datasets")})
+    path = tmp_path / "run.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    assert main([str(path), "--dry-run", "--json"]) == 0
+    out = capsys.readouterr().out
+    plan = json.loads(out[out.index("\n{") :])
+    assert [p["action"] for p in plan["phases"]] == ["reuse"] * len(PHASES)
+    assert plan["mesh"]["fsdp"] == jax.device_count()
+    assert plan["memory_per_device_bytes"]["peak"] > 0
+    assert plan["data"]["dataset_exists"] is True
+    assert "AOT memory per device" in out
+
+
+def test_config_errors_name_the_key(tmp_path, capsys):
+    from jaxcore.run.cli import main
+
+    raw = yaml.safe_load(DEMO.read_text())
+    with pytest.raises(ConfigError, match=r"unknown key train\.stpes"):
+        parse_run_config(raw, tmp_path, ["train.stpes=3"])
+    with pytest.raises(ConfigError, match=r"train.steps: expected int, got '4'"):
+        parse_run_config(raw, tmp_path, ["train.steps='4'"])
+    with pytest.raises(ConfigError, match=r"model\.n_heads: 3 does not divide"):
+        parse_run_config(raw, tmp_path, ["model.n_heads=3"])
+    with pytest.raises(ConfigError, match="'no_such_pkg' is not installed"):
+        from jaxcore.run.phases import package_sources
+
+        package_sources(("no_such_pkg",))
+    assert main([str(DEMO), "--set", "search.lr_min=1.0"]) == 2
+    assert "search.lr_min: need 0 < lr_min < lr_max" in capsys.readouterr().err
+
+
+@given(st.dictionaries(st.sampled_from(["steps", "batch", "seed"]), st.integers(1, 10**6)))
+def test_overrides_set_exactly_the_given_keys(values):
+    raw = {"train": {"lr": 0.1}, "name": "x"}
+    out = apply_overrides(raw, [f"train.{k}={v}" for k, v in values.items()])
+    assert out["train"] == {"lr": 0.1, **values} and out["name"] == "x"
+    assert raw == {"train": {"lr": 0.1}, "name": "x"}  # the input is not mutated
+
+
+@given(
+    st.lists(
+        st.lists(st.tuples(*[st.integers(0, 255)] * 3), min_size=3, max_size=3),
+        min_size=1,
+        max_size=4,
+    )
+)
+def test_png_encoder_round_trips_through_zlib(rows):
+    png = encode_png(rows)
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    w = int.from_bytes(png[16:20], "big")
+    h = int.from_bytes(png[20:24], "big")
+    assert (w, h) == (3, len(rows))
+    idat_len = int.from_bytes(png[33:37], "big")
+    assert png[37:41] == b"IDAT"
+    raw = zlib.decompress(png[41 : 41 + idat_len])
+    stride = 1 + 3 * w
+    decoded = [
+        [tuple(raw[r * stride + 1 + 3 * i : r * stride + 4 + 3 * i]) for i in range(w)]
+        for r in range(h)
+    ]
+    assert decoded == rows
+    assert zlib.crc32(png[37 : 41 + idat_len]) == int.from_bytes(
+        png[41 + idat_len : 45 + idat_len], "big"
+    )
+
+
+def test_terminal_chart_spans_the_range():
+    chart = terminal_chart([(i, 10.0 - i) for i in range(1, 11)], width=10, height=4)
+    lines = chart.splitlines()
+    assert lines[0].startswith("  9.000") and lines[3].startswith("  0.000")
+    top, bottom = lines[0].split("│")[1], lines[3].split("│")[1]
+    assert top[0] == "█" and top[-1] == " "  # the first point is the highest
+    assert bottom[0] == "█" and bottom[-1] == "▁"  # the last is the lowest: one eighth
+    assert lines[-1].strip().startswith("step 1") and lines[-1].strip().endswith("10")

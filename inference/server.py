@@ -684,7 +684,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--model",
         required=True,
-        help="a .safetensors file, registry:NAME@alias, or a demo name (tiny, small, base)",
+        help="a Hugging Face model folder, a .safetensors file, registry:NAME@alias, or a demo "
+        "name (tiny, small, base)",
     )
     p.add_argument(
         "--tokenizer", default=None, help="tokenizer.json or its folder (default: bytes)"

@@ -14,7 +14,11 @@ names mean the transposed layout, so the rules must know the module. Pass the mo
 ``Conv1D`` first. Fused q/k/v projections (GPT-2's ``c_attn``) are split over ``fsdp``
 only, their output kept whole on ``tensor``: a contiguous split of the ``3 * d`` output
 would hand one rank all of q and the other all of v, and the split into q, k, v would then
-cost collective-permutes in every layer (measured: 40 with the Linear rules versus 3).
+cost collective-permutes in every layer (measured: 40 with the Linear rules versus 1).
+A row-parallel bias is added after the all-reduce, once per ``tensor`` group: it is named
+``embed`` like the output features, so ZeRO-3 shards it over ``fsdp`` and its gradient is
+reduce-scattered; left replicated, each one cost an all-gather of its gradient (measured on
+a 2-layer GPT-2 under ``fsdp=4, tensor=2``: 9 all-gathers, 5 with the bias named).
 """
 
 from __future__ import annotations
@@ -42,7 +46,7 @@ def _conv1d_rules(module: Any, column: str, row: str, fused: str) -> Rules:
     layouts = (
         (fused, (axes.EMBED, None), (None,)),
         (column, (axes.EMBED, axes.MLP), (axes.MLP,)),
-        (row, (axes.MLP, axes.EMBED), (None,)),
+        (row, (axes.MLP, axes.EMBED), (axes.EMBED,)),
     )
     for name, m in module.named_modules():
         if not is_conv1d(m):
@@ -77,7 +81,7 @@ def tensor_parallel_rules(
         (rf"(.*/)?({column})/weight", (axes.MLP, axes.EMBED)),
         (rf"(.*/)?({column})/bias", (axes.MLP,)),
         (rf"(.*/)?({row})/weight", (axes.EMBED, axes.MLP)),
-        (rf"(.*/)?({row})/bias", (None,)),
+        (rf"(.*/)?({row})/bias", (axes.EMBED,)),
         (rf"(.*/)?({embedding})/weight", (axes.VOCAB, axes.EMBED)),
     )
 

@@ -22,11 +22,15 @@ from jaxcore.models import lm_loss
 from tests.jaxcore import hf_models as H
 
 KINDS = sorted(H.CONFIGS)
-# Adam's first steps divide by |g| + eps: with the default 1e-8, a weight whose gradient
-# happens to be ~1e-8 turns float32 rounding noise in g into a 1e-2 * lr difference (seen:
-# 1 of 16384 elements off by 1.04e-5 at lr=1e-3). 1e-6, in both, keeps the comparison about
-# the model, not about that amplification.
-EPS = 1e-6
+# torch's and optax's AdamW defaults (eps=1e-8). Adam's first update is g / (|g| + eps):
+# where a weight's first gradient is within 10x of eps (0 < |g| < 1e-7) it is ill-
+# conditioned, and float32 rounding in g (sums in another order on 8 shards) moves the
+# update by up to a few percent of lr. Measured at lr=1e-3, 3 steps, fsdp=4,tensor=2:
+# every element off by > 1e-5 had such a gradient (llama 1 element, 1.04e-5; mistral 2,
+# up to 4.87e-5; qwen2 3 in bk, up to 9.23e-5: k biases barely move the scores, since
+# softmax ignores a shift that RoPE's slowest dimensions leave nearly constant); all
+# other elements agreed to 3.04e-6.
+ILL_CONDITIONED = 1e-7
 
 
 @pytest.fixture(scope="module", params=KINDS)
@@ -87,10 +91,12 @@ def test_logits_match_transformers_on_one_device(saved):
     assert np.abs(other - ref).max() > 1e-3
 
 
-def _torch_adamw_steps(kind, batches, lr):
+def _torch_adamw_steps(kind, batches, lr, directory):
+    """torch's model after the AdamW steps, and its first gradients in the native layout."""
     model = H.make_model(kind)  # a fresh copy with the same seed and weights
     model.train()
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01, eps=EPS)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    first = None
     for batch in batches:
         tokens = torch.as_tensor(batch["tokens"], dtype=torch.long)
         logits = model(tokens[:, :-1]).logits
@@ -99,17 +105,22 @@ def _torch_adamw_steps(kind, batches, lr):
         )
         opt.zero_grad()
         loss.backward()
+        if first is None:  # saved as a checkpoint, so that hf.load lays it out natively
+            grads = H.make_model(kind)
+            with torch.no_grad():
+                for p, q in zip(grads.parameters(), model.parameters(), strict=True):
+                    p.copy_(q.grad)
+            grads.save_pretrained(directory / "first_grads")
+            first = hf.load(directory / "first_grads")[1]
         opt.step()
-    return model
+    return model, first
 
 
 def test_sharded_logits_and_three_adamw_steps_match_torch(saved, tmp_path):
     kind, model, directory = saved
     engine = jc.Engine(parallel=jc.ParallelConfig(fsdp=4, tensor=2), zero=3)
     lr = 1e-3
-    plan = engine.plan(
-        hf.model_factory(directory, engine), optax.adamw(lr, eps=EPS, weight_decay=0.01)
-    )
+    plan = engine.plan(hf.model_factory(directory, engine), optax.adamw(lr, weight_decay=0.01))
     state = plan.init()
     assert state.params["wq"].sharding.spec == plan.state_shardings.params["wq"].spec
     _, loaded = hf.load(directory, plan)  # straight into the plan's layout
@@ -122,14 +133,23 @@ def test_sharded_logits_and_three_adamw_steps_match_torch(saved, tmp_path):
     step = engine.train_step(lm_loss)
     for b in batches:
         state, _ = step(state, b)
-    trained = _torch_adamw_steps(kind, batches, lr)
+    trained, first = _torch_adamw_steps(kind, batches, lr, tmp_path)
     trained.save_pretrained(tmp_path / "torch")
     _, want = hf.load(tmp_path / "torch")
     got = jax.tree.map(np.asarray, jax.device_get(state.params))
     moved = max(float(np.abs(want[k] - hf.load(directory)[1][k]).max()) for k in want)
     assert moved > 1e-3  # the steps changed the weights
+    ill = 0
     for name in want:
-        np.testing.assert_allclose(got[name], want[name], atol=1e-5, rtol=0, err_msg=name)
+        bad = (np.abs(first[name]) > 0) & (np.abs(first[name]) < ILL_CONDITIONED)
+        ill += int(bad.sum())
+        np.testing.assert_allclose(
+            got[name][~bad], want[name][~bad], atol=1e-5, rtol=0, err_msg=name
+        )
+        # Even there each step's update stays within lr of torch's (it is at most ~lr).
+        np.testing.assert_allclose(got[name][bad], want[name][bad], atol=len(batches) * lr)
+    total = sum(v.size for v in want.values())
+    assert ill <= total // 1000, f"{ill} of {total} elements ill-conditioned: too many to skip"
 
 
 @pytest.mark.parametrize("dtype", [None, "bfloat16"])

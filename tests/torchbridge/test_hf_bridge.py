@@ -197,12 +197,16 @@ def test_gpt2_conv1d_rules_split_the_right_dimensions_and_cut_collectives():
     assert spec["transformer.h.0.mlp.c_fc.weight"] == ("fsdp", "tensor")
     assert spec["transformer.h.0.mlp.c_proj.weight"] == ("tensor", "fsdp")
     assert spec["transformer.h.0.attn.c_attn.weight"] == ("fsdp", None)
+    # Row-parallel biases are ZeRO-3 sharded: replicated, each cost a gradient all-gather.
+    assert spec["transformer.h.0.attn.c_proj.bias"] == ("fsdp",)
+    assert spec["transformer.h.0.mlp.c_proj.bias"] == ("fsdp",)
     with pytest.warns(UserWarning, match="Conv1D layers"):
         bad, _, _ = _collectives(lambda model: torchbridge.TENSOR_PARALLEL_RULES)
-    # Measured on the 2-layer model: Linear rules 39 all-gathers / 40 collective-permutes.
-    assert (
-        good["collective-permute"] <= 6
-        and bad["collective-permute"] > 3 * good["collective-permute"]
-    )
-    assert good["all-gather"] <= 11 and bad["all-gather"] > 2 * good["all-gather"]
+    # The bar (correct rules): at most 9 all-gathers and 6 collective-permutes.
+    # Measured on this 2-layer model: 5 / 1 with these rules (the 3 token-index gathers of
+    # the vocab-sharded embedding lookup, 2 of attention's backward), 39 / 40 with the
+    # Linear rules.
+    assert good["collective-permute"] <= 6 and good["all-gather"] <= 9, good
+    assert bad["collective-permute"] > 3 * good["collective-permute"], (good, bad)
+    assert bad["all-gather"] > 2 * good["all-gather"], (good, bad)
     del state

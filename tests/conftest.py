@@ -12,6 +12,7 @@ os.environ["XLA_FLAGS"] = (
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax
+import pytest
 
 
 def pytest_configure(config):
@@ -34,6 +35,7 @@ def _work_unit(nodeid: str) -> str:
     return next((d for d in SHARED_SESSION_DIRS if path.startswith(d)), path)
 
 
+@pytest.hookimpl(optionalhook=True)  # `-p no:xdist` still runs
 def pytest_xdist_make_scheduler(config, log):
     if config.getoption("dist") != "loadfile":
         return None  # xdist's own scheduler for the other modes

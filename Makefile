@@ -32,9 +32,12 @@ $(VENV)/.installed-demo: pyproject.toml | $(BIN)/python
 demo: $(VENV)/.installed-demo
 	$(BIN)/jaxcore run configs/demo.yaml
 
+# Two pytest-xdist workers, one test file per work unit (tests/conftest.py): much of the
+# suite waits on subprocesses, servers and sleeps, which two workers overlap on 2 cores.
+TEST_WORKERS ?= 2
 test: $(VENV)/.installed-test
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q --durations=25
+	$(BIN)/python -m pytest -q --durations=25 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # torch_xla is built against its own torch release, so it lives in its own venv.
 test-xla:

@@ -41,7 +41,7 @@ def _start(directory, out, *args):
     )
 
 
-def _wait_for(proc, word, timeout=240):
+def _wait_for(proc, word, timeout=600):
     deadline = time.monotonic() + timeout
     lines = []
     while time.monotonic() < deadline:
@@ -55,7 +55,7 @@ def _wait_for(proc, word, timeout=240):
     raise AssertionError(f"never printed {word!r}: {lines} {proc.stderr.read()[-3000:]}")
 
 
-def _finish(proc, timeout=240):
+def _finish(proc, timeout=600):
     out, err = proc.communicate(timeout=timeout)
     return proc.returncode, out, err
 

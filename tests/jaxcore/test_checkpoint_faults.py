@@ -173,6 +173,19 @@ def test_unreadable_manifest_is_damage(tmp_path, trained):
     assert ckpt.resumed_step == 2 and not (tmp_path / "4").exists()
 
 
+def test_a_step_orbax_reports_unfinalized_is_quarantined(tmp_path, trained, monkeypatch):
+    # What a bucket without the commit marker (commit_success.txt) looks like to Orbax.
+    _write(tmp_path, trained, [2, 4])
+    finalized = ocp.utils.is_checkpoint_finalized
+    monkeypatch.setattr(
+        ocp.utils, "is_checkpoint_finalized", lambda p: p.name != "4" and finalized(p)
+    )
+    ckpt, restored = _resume(tmp_path)
+    assert ckpt.resumed_step == 2
+    assert _equal(restored.params, _bumped(trained[1], 2).params)
+    assert [p.name.split("-")[0] for p in (tmp_path / "damaged").iterdir()] == ["4"]
+
+
 def test_restore_of_a_damaged_step_raises_and_keeps_it(tmp_path, trained):
     _write(tmp_path, trained, [2])
     _damage(_biggest_data_file(tmp_path / "2"), "flip")

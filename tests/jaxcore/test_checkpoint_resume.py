@@ -1,7 +1,8 @@
 """Exact resume through real process deaths: SIGKILL, SIGKILL mid-save, SIGTERM.
 
-Each scenario runs `procs/train.py` (tiny model, 8 CPU devices, stdlib bytes) in
-subprocesses; the first rounds run side by side to share the 2-core budget.
+Each scenario runs `procs/train.py` (one-layer tiny model, 8 CPU devices, seeded bytes) in
+subprocesses sharing one compilation cache: the straight run compiles, the others start
+once its first step is done and find their programs in the cache.
 """
 
 import json
@@ -40,7 +41,7 @@ def _start(directory, out, *args):
     )
 
 
-def _wait_for(proc, word, timeout=240):
+def _wait_for(proc, word, timeout=600):
     deadline = time.monotonic() + timeout
     lines = []
     while time.monotonic() < deadline:
@@ -54,7 +55,7 @@ def _wait_for(proc, word, timeout=240):
     raise AssertionError(f"never printed {word!r}: {lines} {proc.stderr.read()[-3000:]}")
 
 
-def _finish(proc, timeout=240):
+def _finish(proc, timeout=600):
     out, err = proc.communicate(timeout=timeout)
     return proc.returncode, out, err
 
@@ -69,6 +70,9 @@ def runs(tmp_path_factory):
     """Round 1: a straight run, and three runs that die; round 2: their restarts."""
     t = tmp_path_factory.mktemp("resume")
     straight = _start(t / "a", t / "a.jsonl", "--steps", "20")
+    # Its first step has put every program in the cache: the others start on cache hits
+    # instead of four processes compiling the same programs side by side.
+    _wait_for(straight, "step 1")
     killed = _start(t / "b", t / "b.jsonl", "--steps", "20", "--pause-after", "8")
     mid_save = _start(
         t / "c",

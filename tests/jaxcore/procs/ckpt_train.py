@@ -3,11 +3,13 @@
 Usage: python tests/jaxcore/procs/ckpt_train.py DIR OUT --steps N [--die-at POINT:K]
 [--die-rank R] [--step-sleep S]
 
-Trains the tiny model on stdlib bytes (fsdp over all 8 devices: 1 x 8 or 2 x 4), saves
-every 2 steps (async), and on process 0 appends ``{"step", "loss"}`` per step and one
-``{"start": resumed step, "how": "verified"/...}`` per start to the JSON-lines file OUT.
-Each process writes ``DIR.pid<rank>`` at start. ``--die-at`` SIGKILLs process R (default
-0) at an exact point (K counts from this start):
+Trains the one-layer model of `corpus.py` on its seeded bytes (fsdp over all 8 devices:
+1 x 8 or 2 x 4) and saves every 2 steps (async). Process 0 appends to the JSON-lines file
+OUT ``{"step", "loss"}`` per step and, once every rank has restored, one
+``{"start": [resumed step per rank], "verified": [...]}`` per start (``verified``: that
+rank's manifest check passed on the step it restored). Each process writes
+``DIR.pid<rank>`` at start. ``--die-at`` SIGKILLs process R (default 0) at an exact point
+(K counts from this start):
 
   startup:0        after joining the run, before anything is read
   verify:K         while checking the K-th file of the manifest
@@ -17,6 +19,9 @@ Each process writes ``DIR.pid<rank>`` at start. ``--die-at`` SIGKILLs process R 
   save-inflight:K  right after the K-th save was started (async write in flight)
   save-manifest:K  half-way through writing the K-th save's manifest (process 0)
   save-rename:K    with the K-th save's manifest written, before Orbax's rename (process 0)
+
+A start killed at startup, verify or restore (on any rank) writes no start record: the
+record follows an exchange of the ranks' views that a dead rank never joins.
 """
 
 import os
@@ -35,13 +40,29 @@ import json  # noqa: E402
 import time  # noqa: E402
 
 import jax  # noqa: E402
+import numpy as np  # noqa: E402
 import optax  # noqa: E402
+from jax.experimental import multihost_utils  # noqa: E402
 
 import jaxcore as jc  # noqa: E402
+import jaxcore.checkpoint  # noqa: E402
 from jaxcore.checkpointing import atomic, manifest, positions  # noqa: E402
-from jaxcore.models import Transformer, TransformerConfig, lm_loss  # noqa: E402
+from jaxcore.models import Transformer, lm_loss  # noqa: E402
+from tests.jaxcore.procs.corpus import CFG, corpus  # noqa: E402
 
-CFG = TransformerConfig.tiny(max_seq_len=64)
+
+def watch_verification() -> set:
+    """The step directories this process verified clean (wraps the manifest check)."""
+    clean, agree = set(), jaxcore.checkpoint.agree_on_damage
+
+    def checked(root, verify):
+        damage = agree(root, verify)
+        if damage is None:
+            clean.add(str(root))
+        return damage
+
+    jaxcore.checkpoint.agree_on_damage = checked
+    return clean
 
 
 def die(where: str) -> None:
@@ -113,10 +134,11 @@ def main() -> int:
         point, k = a.die_at.split(":")
         hooks = inject(point, int(k))
     nothing = lambda: None
+    clean = watch_verification()
 
     engine = jc.Engine(parallel=jc.ParallelConfig(fsdp=-1), seed=0)
     loader = jc.Loader(
-        jc.stdlib_source(max_files=30),
+        corpus(),
         jc.InputConfig(global_batch_size=8, seq_len=16, seed=1),
         engine.batch_sharding,
     )
@@ -128,9 +150,15 @@ def main() -> int:
         )
         hooks.get("started", nothing)()
         start = ckpt.resumed_step
+        verified = start is not None and str(ckpt.resumed_from) in clean
+        # Every rank's view, gathered: this is also the exchange a dead rank never joins,
+        # so a start killed before it on either rank leaves no record.
+        mine = np.array([-1 if start is None else start, verified], np.int64)
+        seen = multihost_utils.process_allgather(mine) if jax.process_count() > 1 else [mine]
         if out is not None:
-            how = None if start is None else manifest.has_manifest(ckpt.resumed_from)
-            out.write(json.dumps({"start": start, "verified": how}) + "\n")
+            starts = [None if s < 0 else int(s) for s, _ in seen]
+            record = {"start": starts, "verified": [bool(v) for _, v in seen]}
+            out.write(json.dumps(record) + "\n")
             out.flush()
         step_fn = engine.train_step(lm_loss)
         step = int(state.step)

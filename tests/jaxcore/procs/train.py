@@ -2,16 +2,20 @@
 
 Usage: python -m tests.jaxcore.procs.train DIR OUT --steps N [--pause-after K]
 [--slow-finalize-step S]. Each step appends ``{"step", "loss"}`` to the JSON-lines file
-OUT (flushed, so a killed run leaves what it did). ``--pause-after K`` prints PAUSED once
-step K's save is on disk (only started, with ``--slow-finalize-step``) and idles until
-killed, or, on SIGTERM, goes on to the next step, whose save is the final one.
+OUT (flushed, so a killed run leaves what it did) and prints ``step N``.
+``--pause-after K`` prints PAUSED once step K's save is on disk (only started, with
+``--slow-finalize-step``) and idles until killed, or, on SIGTERM, goes on to the next
+step, whose save is the final one.
 ``--slow-finalize-step S`` holds Orbax's final rename of step S for a minute (fault
 injection: a save that is still in flight when the kill comes).
 """
 
 import os
 
-os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+# -O0 as in tests/conftest.py: these programs are tiny, compiling is what takes time.
+os.environ["XLA_FLAGS"] = (
+    "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0"
+)
 os.environ["JAX_PLATFORMS"] = "cpu"
 
 import argparse
@@ -24,10 +28,9 @@ import optax
 
 import jaxcore as jc
 from jaxcore.checkpoint import CheckpointConfig, Checkpointer
-from jaxcore.input import InputConfig, Loader, stdlib_source
-from jaxcore.models import Transformer, TransformerConfig, lm_loss
-
-CFG = TransformerConfig.tiny(max_seq_len=64)
+from jaxcore.input import InputConfig, Loader
+from jaxcore.models import Transformer, lm_loss
+from tests.jaxcore.procs.corpus import CFG, corpus
 
 
 def slow_finalize(step: int) -> None:
@@ -58,7 +61,7 @@ def main() -> int:
 
     engine = jc.Engine(parallel=jc.ParallelConfig(fsdp=8), seed=0)
     loader = Loader(
-        stdlib_source(max_files=30),
+        corpus(),
         InputConfig(global_batch_size=8, seq_len=16, seed=1),
         engine.batch_sharding,
     )
@@ -74,6 +77,7 @@ def main() -> int:
             step += 1
             out.write(json.dumps({"step": step, "loss": float(metrics["loss"])}) + "\n")
             out.flush()
+            print(f"step {step}", flush=True)
             ckpt.save(state, loader, step=step)
             if step == a.pause_after:
                 if a.slow_finalize_step is None:

@@ -66,7 +66,7 @@ def restore_trainer(
             roles[name] = ckpt.restore(step, _abstract(state))
     trainer.set_roles(roles)
     trainer.iteration = host["iteration"]
-    trainer.parity.in_tolerance = host["parity_in_tolerance"]
+    trainer.parity.in_tolerance = host.get("parity_in_tolerance", True)  # older files
     if host["kl_coef"] is not None:
         trainer.kl_ctl.value = host["kl_coef"]
     return step

@@ -22,6 +22,7 @@ import numpy as np
 from jaxcore import ConfigError, Engine, TrainState
 from rlhf import losses as L
 from rlhf.kl import AdaptiveKLController, FixedKLController
+from rlhf.layout import offload, onload
 from rlhf.models import logprobs_and_entropy
 from rlhf.rewards import as_weighted, score_rollout
 from rlhf.rollout import Sampler
@@ -52,6 +53,8 @@ class PPOConfig:
             iterations (`rlhf.scoring.ParityMonitor`; between checks the sampler's stand in).
         tis_tolerance, tis_cap: truncated importance sampling when the sampler's and the
             trainer's log-probs differ by more than the tolerance.
+        offload_idle: the colocated layout: the critic and the reference wait in host
+            memory (`rlhf.layout`) outside the phases that use them.
         seed: seeds rollouts and minibatch shuffling.
     """
 
@@ -75,6 +78,7 @@ class PPOConfig:
     parity_interval: int = 1
     tis_tolerance: float = 1e-3
     tis_cap: float = 2.0
+    offload_idle: bool = False
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -118,6 +122,7 @@ class PPOTrainer:
         self.reference = jax.tree.map(jnp.copy, self.actor) if reference is None else reference
         self.kl_ctl = config.controller()
         self.parity = ParityMonitor(config.parity_interval, config.tis_tolerance, config.tis_cap)
+        self._park()
         self.iteration = 0
         self._logp = logprob_scorer(self.actor_engine)
         self._values = value_scorer(self.critic_engine)
@@ -125,9 +130,18 @@ class PPOTrainer:
         self._critic_step = self.critic_engine.train_step(self._value_loss)
         sampler.load(self.actor_engine.bind(self.actor))
 
+    def _park(self) -> None:
+        """Colocated layout: the critic and the reference go to host memory when idle."""
+        if self.config.offload_idle:
+            self.critic, self.reference = offload(self.critic), offload(self.reference)
+
     def roles(self) -> dict[str, TrainState]:
-        """The states a checkpoint holds (`rlhf.save_trainer`)."""
-        return {"actor": self.actor, "critic": self.critic, "reference": self.reference}
+        """The states a checkpoint holds (`rlhf.save_trainer`), in device memory."""
+        return {
+            "actor": self.actor,
+            "critic": onload(self.critic),
+            "reference": onload(self.reference),
+        }
 
     def set_roles(self, roles: dict[str, TrainState]) -> None:
         self.actor, self.critic, self.reference = (
@@ -135,6 +149,7 @@ class PPOTrainer:
             roles["critic"],
             roles["reference"],
         )
+        self._park()
         self.sampler.load(self.actor_engine.bind(self.actor))
 
     def _policy_loss(self, model, batch, rng):
@@ -184,7 +199,8 @@ class PPOTrainer:
         old, is_weight, check = self.parity.old_logprobs(
             self.iteration, rollout, lambda: self._logp(self.actor, rollout.tokens)
         )
-        ref = self._logp(self.reference, rollout.tokens)
+        ref = self._logp(onload(self.reference), rollout.tokens)  # a transient copy
+        self.critic = onload(self.critic)
         values = self._values(self.critic, rollout.tokens) * mask
         raw = score_rollout(self.rewards, rollout)
         scores = L.missing_eos_penalty(
@@ -221,6 +237,7 @@ class PPOTrainer:
                 for k, v in {**pm, **{"value_" + k: v for k, v in vm.items()}}.items():
                     sums[k] = sums.get(k, 0.0) + float(v)
         steps = c.ppo_epochs * c.num_minibatches
+        self._park()
         self.sampler.load(self.actor_engine.bind(self.actor))
         mean_kl = float(seq_kl.mean())
         kl_coef = self.kl_ctl.value

@@ -20,7 +20,11 @@ def test_ppo_runs_as_an_experiment_trial(tmp_path, capsys, monkeypatch):
                 "name": "rlhf-ppo",
                 "entrypoint": "rlhf.trial:ppo",
                 "workdir": str(tmp_path / "work"),
-                "hyperparameters": {"rlhf_config": str(rlhf_config), "ppo.kl_coef": 0.1},
+                "hyperparameters": {
+                    "rlhf_config": str(rlhf_config),
+                    "ppo.kl_coef": 0.1,
+                    "ppo.parity_interval": 2,
+                },
                 "searcher": {"name": "single", "metric": "reward_mean", "max_length": 2},
             }
         )
@@ -34,6 +38,8 @@ def test_ppo_runs_as_an_experiment_trial(tmp_path, capsys, monkeypatch):
     assert [r["step"] for r in rows] == [1, 2]
     first = rows[0]["values"]
     assert 0.0 <= first["reward_mean"] <= 1.0
-    assert first["kl_coef"] == 0.1  # the trial's override reached PPOConfig
+    assert first["kl_coef"] == 0.1  # the trial's overrides reached PPOConfig
+    assert first["parity_checked"] == 1 and first["logprob_diff_max"] < 1e-4
+    assert rows[1]["values"]["parity_checked"] == 0  # parity_interval=2: skipped
     trial_dir = next((tmp_path / "work").rglob("rlhf/checkpoints/trainer-2.json"))
     assert json.loads(trial_dir.read_text())["iteration"] == 2

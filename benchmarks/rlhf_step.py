@@ -3,9 +3,11 @@
 Reports rollout tokens/s through the continuous-batching engine (`rlhf.Sampler` over
 `inference`) against a naive per-sequence loop (one full forward per new token, no KV
 cache, one sequence at a time: how a hand-written sampler starts out), the share of the
-iteration's wall time spent generating, and TRL's PPOTrainer on the same shapes when `trl`
-is installed (it is not in this environment: ``ours_over_trl`` is then null). Targets:
-``rollout_speedup`` >= 4, ``ours_over_trl`` >= 1.
+iteration's wall time spent generating. TRL side by side is not written yet:
+``pip install --dry-run trl==1.16.0`` resolves without changing torch 2.13.0 (it would add
+accelerate 1.15.0, datasets 5.2.0, dill 0.4.1, multiprocess 0.70.19, xxhash 4.1.0), but
+``trl`` is not installed and ``ours_over_trl`` stays null. Targets: ``rollout_speedup``
+>= 4, ``ours_over_trl`` >= 1.
 
     python benchmarks/rlhf_step.py [--quick]
 """

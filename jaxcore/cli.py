@@ -21,6 +21,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "experiment": ("jaxcore.experiments.cli", "create, list, describe, pause, resume, kill"),
     "trial": ("jaxcore.experiments.cli", "inspect trials (describe --metrics, logs)"),
     "model": ("jaxcore.experiments.cli", "the model registry: create, register, list"),
+    "rlhf": ("rlhf.cli", "post-train: sft, reward, ppo, grpo, dpo from a YAML config"),
     "ui": ("jaxcore.ui.cli", "web dashboard: experiments, trials, models, datasets"),
 }
 

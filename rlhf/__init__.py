@@ -6,12 +6,16 @@
                           GRPOConfig(num_generations=4, max_tokens=8))
     metrics = trainer.step(prompts)
 
+Or from the command line: ``jaxcore rlhf sft|reward|ppo|grpo|dpo CONFIG.yaml``
+(`rlhf.cli`, configs under ``configs/rlhf/``).
+
 Training goes through `jaxcore.Engine` (any mesh, any ZeRO stage); generation through
 `inference` (continuous batching). This package adds no parallelism of its own.
 """
 
 from rlhf import losses
 from rlhf.checkpoint import latest_iteration, restore_trainer, save_trainer
+from rlhf.config import RunConfig, load_config, parse_config
 from rlhf.dpo import dpo_objective, sequence_logprob, with_reference
 from rlhf.grpo import GRPOConfig, GRPOTrainer
 from rlhf.kl import AdaptiveKLController, FixedKLController
@@ -39,18 +43,21 @@ __all__ = [
     "PPOConfig",
     "PPOTrainer",
     "Rollout",
+    "RunConfig",
     "Sampler",
     "ScalarHeadModel",
     "chat_example",
     "dpo_objective",
     "latest_iteration",
     "lm_factory",
+    "load_config",
     "logprob_scorer",
     "logprobs_and_entropy",
     "losses",
     "pack",
     "pair_scores",
     "parity",
+    "parse_config",
     "restore_trainer",
     "reward_loss",
     "save_trainer",

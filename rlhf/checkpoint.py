@@ -2,9 +2,11 @@
 
 Each role's `TrainState` (weights, optimizer state, step, key) goes through
 `jaxcore.Checkpointer` in its own sub-directory (``actor/``, ``critic/``, ``reference/``),
-so restores reshard like any jaxcore checkpoint; the iteration counter and the KL
-controller's coefficient go into ``trainer-<iteration>.json``. Rollout keys and minibatch
-orders derive from ``(seed, iteration)``, so a resumed run repeats the uninterrupted one.
+so restores reshard like any jaxcore checkpoint; the iteration counter, the KL
+controller's coefficient and the parity monitor's state go into
+``trainer-<iteration>.json``, written last: a step without it is incomplete and ignored.
+Rollout keys and minibatch orders derive from ``(seed, iteration)``, so a resumed run
+repeats the uninterrupted one.
 """
 
 from __future__ import annotations
@@ -31,7 +33,11 @@ def save_trainer(trainer: Any, directory: str | pathlib.Path) -> int:
     for name, state in trainer.roles().items():
         with Checkpointer(CheckpointConfig(directory=directory / name, async_save=False)) as ckpt:
             ckpt.save(state, force=True, step=step)
-    host = {"iteration": step, "kl_coef": getattr(getattr(trainer, "kl_ctl", None), "value", None)}
+    host = {
+        "iteration": step,
+        "kl_coef": getattr(getattr(trainer, "kl_ctl", None), "value", None),
+        "parity_in_tolerance": trainer.parity.in_tolerance,
+    }
     (directory / f"trainer-{step}.json").write_text(json.dumps(host))
     return step
 
@@ -60,6 +66,7 @@ def restore_trainer(
             roles[name] = ckpt.restore(step, _abstract(state))
     trainer.set_roles(roles)
     trainer.iteration = host["iteration"]
+    trainer.parity.in_tolerance = host.get("parity_in_tolerance", True)  # older files
     if host["kl_coef"] is not None:
         trainer.kl_ctl.value = host["kl_coef"]
     return step

@@ -23,7 +23,7 @@ from rlhf import losses as L
 from rlhf.models import logprobs_and_entropy
 from rlhf.rewards import as_weighted, score_rollout
 from rlhf.rollout import Sampler
-from rlhf.scoring import logprob_scorer, parity, truncated_is_weights
+from rlhf.scoring import ParityMonitor, logprob_scorer
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -38,6 +38,8 @@ class GRPOConfig:
         clip_eps: PPO clip range (0.2); ``clip_eps_high`` clips the top apart (DAPO).
         loss_type: ``grpo``, ``dapo`` (TRL's default) or ``dr_grpo``.
         scale_rewards: divide group-centred rewards by the group's std.
+        parity_interval: rescore and compare log-probs every this many iterations
+            (`rlhf.scoring.ParityMonitor`; between checks the sampler's stand in).
         tis_tolerance: when sampler and trainer log-probs differ by more than this,
             weight tokens by truncated importance ratios (capped at ``tis_cap``).
         seed: seeds the sampler's keys (iteration ``i`` uses ``seed + i``).
@@ -51,11 +53,14 @@ class GRPOConfig:
     clip_eps_high: float | None = None
     loss_type: str = "dapo"
     scale_rewards: bool = True
+    parity_interval: int = 1
     tis_tolerance: float = 1e-3
     tis_cap: float = 2.0
     seed: int = 0
 
     def __post_init__(self) -> None:
+        if self.parity_interval < 1:
+            raise ConfigError(f"GRPOConfig.parity_interval={self.parity_interval}: must be >= 1.")
         if self.num_generations < 2:
             raise ConfigError(
                 f"GRPOConfig.num_generations={self.num_generations}: must be >= 2 (advantages "
@@ -88,6 +93,7 @@ class GRPOTrainer:
         # The train step donates the state, so the reference is its own copy.
         self.reference = jax.tree.map(jnp.copy, state) if config.beta else None
         self.iteration = 0
+        self.parity = ParityMonitor(config.parity_interval, config.tis_tolerance, config.tis_cap)
         self._score = logprob_scorer(engine)
         self._train = engine.train_step(self._loss)
         sampler.load(engine.bind(state))
@@ -137,11 +143,9 @@ class GRPOTrainer:
             group, max_tokens=c.max_tokens, temperature=c.temperature, seed=c.seed + self.iteration
         )
         start = time.perf_counter()
-        old = self._score(self.state, rollout.tokens)
-        check = parity(rollout.sampler_logp, old, rollout.mask)
-        is_weight = np.ones_like(old)
-        if check["logprob_diff_max"] > c.tis_tolerance:
-            is_weight = truncated_is_weights(old, rollout.sampler_logp, rollout.mask, c.tis_cap)
+        old, is_weight, check = self.parity.old_logprobs(
+            self.iteration, rollout, lambda: self._score(self.state, rollout.tokens)
+        )
         ref = self._score(self.reference, rollout.tokens) if self.reference is not None else old
         scores = score_rollout(self.rewards, rollout)
         adv = np.asarray(
@@ -167,6 +171,5 @@ class GRPOTrainer:
             "rollout_tokens_per_s": rollout.completion_tokens / rollout.generate_seconds,
             "generate_s": rollout.generate_seconds,
             "train_s": train_s,
-            "tis_applied": float(check["logprob_diff_max"] > c.tis_tolerance),
         }
         return out

@@ -22,10 +22,11 @@ import numpy as np
 from jaxcore import ConfigError, Engine, TrainState
 from rlhf import losses as L
 from rlhf.kl import AdaptiveKLController, FixedKLController
+from rlhf.layout import offload, onload
 from rlhf.models import logprobs_and_entropy
 from rlhf.rewards import as_weighted, score_rollout
 from rlhf.rollout import Sampler
-from rlhf.scoring import logprob_scorer, parity, truncated_is_weights, value_scorer
+from rlhf.scoring import ParityMonitor, logprob_scorer, value_scorer
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -48,8 +49,12 @@ class PPOConfig:
         reward_clip: clamp sequence scores to ``[-reward_clip, reward_clip]``.
         eos_id: end-of-sequence token: completions are cut after it.
         missing_eos_penalty: subtracted from the score of completions without EOS.
+        parity_interval: compare the sampler's and the trainer's log-probs every this many
+            iterations (`rlhf.scoring.ParityMonitor`; between checks the sampler's stand in).
         tis_tolerance, tis_cap: truncated importance sampling when the sampler's and the
             trainer's log-probs differ by more than the tolerance.
+        offload_idle: the colocated layout: the critic and the reference wait in host
+            memory (`rlhf.layout`) outside the phases that use them.
         seed: seeds rollouts and minibatch shuffling.
     """
 
@@ -70,11 +75,15 @@ class PPOConfig:
     reward_clip: float | None = None
     eos_id: int | None = None
     missing_eos_penalty: float | None = None
+    parity_interval: int = 1
     tis_tolerance: float = 1e-3
     tis_cap: float = 2.0
+    offload_idle: bool = False
     seed: int = 0
 
     def __post_init__(self) -> None:
+        if self.parity_interval < 1:
+            raise ConfigError(f"PPOConfig.parity_interval={self.parity_interval}: must be >= 1.")
         if self.kl_estimator not in L.KL_ESTIMATORS:
             raise ConfigError(
                 f"PPOConfig.kl_estimator={self.kl_estimator!r}: use one of {list(L.KL_ESTIMATORS)}."
@@ -112,6 +121,8 @@ class PPOTrainer:
         # A separate copy: the actor's train step donates its state.
         self.reference = jax.tree.map(jnp.copy, self.actor) if reference is None else reference
         self.kl_ctl = config.controller()
+        self.parity = ParityMonitor(config.parity_interval, config.tis_tolerance, config.tis_cap)
+        self._park()
         self.iteration = 0
         self._logp = logprob_scorer(self.actor_engine)
         self._values = value_scorer(self.critic_engine)
@@ -119,9 +130,18 @@ class PPOTrainer:
         self._critic_step = self.critic_engine.train_step(self._value_loss)
         sampler.load(self.actor_engine.bind(self.actor))
 
+    def _park(self) -> None:
+        """Colocated layout: the critic and the reference go to host memory when idle."""
+        if self.config.offload_idle:
+            self.critic, self.reference = offload(self.critic), offload(self.reference)
+
     def roles(self) -> dict[str, TrainState]:
-        """The states a checkpoint holds (`rlhf.save_trainer`)."""
-        return {"actor": self.actor, "critic": self.critic, "reference": self.reference}
+        """The states a checkpoint holds (`rlhf.save_trainer`), in device memory."""
+        return {
+            "actor": self.actor,
+            "critic": onload(self.critic),
+            "reference": onload(self.reference),
+        }
 
     def set_roles(self, roles: dict[str, TrainState]) -> None:
         self.actor, self.critic, self.reference = (
@@ -129,6 +149,7 @@ class PPOTrainer:
             roles["critic"],
             roles["reference"],
         )
+        self._park()
         self.sampler.load(self.actor_engine.bind(self.actor))
 
     def _policy_loss(self, model, batch, rng):
@@ -175,13 +196,12 @@ class PPOTrainer:
         )
         start = time.perf_counter()
         mask = rollout.mask
-        old = self._logp(self.actor, rollout.tokens)
-        ref = self._logp(self.reference, rollout.tokens)
+        old, is_weight, check = self.parity.old_logprobs(
+            self.iteration, rollout, lambda: self._logp(self.actor, rollout.tokens)
+        )
+        ref = self._logp(onload(self.reference), rollout.tokens)  # a transient copy
+        self.critic = onload(self.critic)
         values = self._values(self.critic, rollout.tokens) * mask
-        check = parity(rollout.sampler_logp, old, mask)
-        is_weight = np.ones_like(old)
-        if check["logprob_diff_max"] > c.tis_tolerance:
-            is_weight = truncated_is_weights(old, rollout.sampler_logp, mask, c.tis_cap)
         raw = score_rollout(self.rewards, rollout)
         scores = L.missing_eos_penalty(
             jnp.asarray(raw), jnp.asarray(rollout.has_eos), c.missing_eos_penalty
@@ -217,6 +237,7 @@ class PPOTrainer:
                 for k, v in {**pm, **{"value_" + k: v for k, v in vm.items()}}.items():
                     sums[k] = sums.get(k, 0.0) + float(v)
         steps = c.ppo_epochs * c.num_minibatches
+        self._park()
         self.sampler.load(self.actor_engine.bind(self.actor))
         mean_kl = float(seq_kl.mean())
         kl_coef = self.kl_ctl.value

@@ -10,11 +10,12 @@ framework secretly brings you off-policy RL training").
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
 
-from jaxcore import Engine, TrainState
+from jaxcore import ConfigError, Engine, TrainState
 from rlhf.models import token_logprobs
 
 
@@ -58,3 +59,46 @@ def truncated_is_weights(
     """``min(p_trainer / p_sampler, cap)`` per token (1 where masked out)."""
     w = np.minimum(np.exp(trainer_logp - sampler_logp), cap)
     return np.where(mask > 0, w, 1.0).astype(np.float32)
+
+
+class ParityMonitor:
+    """Which log-probs an iteration trains against, and when to check them.
+
+    Every ``interval`` iterations (and every iteration while the last check was out of
+    tolerance) the trainer rescores the rollout and compares it with the sampler's
+    log-probs (`parity`); beyond ``tolerance`` the loss is weighted by
+    `truncated_is_weights`. In between, the sampler's log-probs stand in for the
+    trainer's and the rescoring forward pass is skipped (as verl's rollout log-probs).
+    ``in_tolerance`` is host state a checkpoint carries (`rlhf.save_trainer`).
+    """
+
+    def __init__(self, interval: int, tolerance: float, cap: float):
+        if interval < 1:
+            raise ConfigError(f"parity_interval={interval}: must be >= 1 (1 checks every step).")
+        self.interval, self.tolerance, self.cap = interval, tolerance, cap
+        self.in_tolerance = True
+
+    def old_logprobs(
+        self, iteration: int, rollout: Any, rescore: Callable[[], np.ndarray]
+    ) -> tuple[np.ndarray, np.ndarray, dict[str, float]]:
+        """``(old log-probs, per-token IS weights, metrics)`` for this iteration."""
+        sampler, mask = rollout.sampler_logp, rollout.mask
+        if iteration % self.interval and self.in_tolerance:
+            ones = np.ones_like(sampler, dtype=np.float32)
+            return sampler.astype(np.float32), ones, {"parity_checked": 0.0, "tis_applied": 0.0}
+        trainer = rescore()
+        stats = parity(sampler, trainer, mask)
+        self.in_tolerance = stats["logprob_diff_max"] <= self.tolerance
+        if self.in_tolerance:
+            weights = np.ones_like(trainer, dtype=np.float32)
+        else:
+            weights = truncated_is_weights(trainer, sampler, mask, self.cap)
+        return (
+            trainer,
+            weights,
+            stats
+            | {
+                "parity_checked": 1.0,
+                "tis_applied": float(not self.in_tolerance),
+            },
+        )

@@ -258,3 +258,39 @@ def test_adaptive_kl_controller(kl, n):
 def test_adaptive_kl_controller_validates():
     with pytest.raises(ConfigError, match="target"):
         AdaptiveKLController(target=0.0)
+
+
+def test_parity_monitor_checks_every_interval_and_corrects_beyond_tolerance():
+    from types import SimpleNamespace
+
+    from rlhf.scoring import ParityMonitor, truncated_is_weights
+
+    rng = np.random.default_rng(0)
+    sampler = rng.normal(size=(2, 5)).astype(np.float32)
+    mask = np.ones((2, 5), np.float32)
+    rollout = SimpleNamespace(sampler_logp=sampler, mask=mask)
+    calls = []
+
+    def rescore(delta):
+        def fn():
+            calls.append(delta)
+            return sampler + delta
+
+        return fn
+
+    monitor = ParityMonitor(3, tolerance=1e-3, cap=2.0)
+    old, w, m = monitor.old_logprobs(0, rollout, rescore(0.0))
+    assert m["parity_checked"] == 1 and m["tis_applied"] == 0 and np.all(w == 1)
+    old, w, m = monitor.old_logprobs(1, rollout, rescore(0.0))
+    assert m == {"parity_checked": 0.0, "tis_applied": 0.0} and calls == [0.0]
+    np.testing.assert_array_equal(old, sampler)  # no rescoring between checks
+    old, w, m = monitor.old_logprobs(3, rollout, rescore(0.5))
+    assert m["parity_checked"] == 1 and m["tis_applied"] == 1
+    assert m["logprob_diff_max"] == pytest.approx(0.5, abs=1e-6)
+    np.testing.assert_allclose(w, np.minimum(np.exp(0.5), 2.0) * np.ones_like(w), rtol=1e-6)
+    np.testing.assert_allclose(w, truncated_is_weights(sampler + 0.5, sampler, mask, 2.0))
+    # Out of tolerance: the next iteration is checked even off the interval.
+    _, _, m = monitor.old_logprobs(4, rollout, rescore(0.0))
+    assert m["parity_checked"] == 1 and m["tis_applied"] == 0 and calls == [0.0, 0.5, 0.0]
+    with pytest.raises(ConfigError, match="parity_interval"):
+        ParityMonitor(0, 1e-3, 2.0)

@@ -1,10 +1,13 @@
 """PPO saved after two iterations and resumed in a fresh trainer repeats the third."""
 
+from dataclasses import replace
+
 import pytest
 
 import jaxcore as jc
 from inference import ServingConfig
 from rlhf import restore_trainer, save_trainer
+from rlhf.layout import memory_kinds
 from rlhf.models import lm_factory, scalar_head_factory
 from rlhf.ppo import PPOConfig, PPOTrainer
 from rlhf.rollout import Sampler
@@ -14,11 +17,11 @@ from .helpers import CFG, adam, count_good, engine, prompts
 CONFIG = PPOConfig(max_tokens=6, ppo_epochs=2, kl_target=1.0, kl_horizon=100)
 
 
-def fresh(actor, critic):
+def fresh(actor, critic, config=CONFIG):
     state = actor.prepare(lm_factory(CFG), adam(5e-3), seed=0)
     values = critic.prepare(scalar_head_factory(CFG), adam(3e-3), seed=1)
     sampler = Sampler(CFG, state.params, ServingConfig(slots=16, max_len=12))
-    return PPOTrainer((actor, state), (critic, values), sampler, count_good, CONFIG)
+    return PPOTrainer((actor, state), (critic, values), sampler, count_good, config)
 
 
 def test_resume_repeats_the_uninterrupted_metrics(tmp_path):
@@ -34,6 +37,21 @@ def test_resume_repeats_the_uninterrupted_metrics(tmp_path):
     again = resumed.step(prompts(2, 16))
     for key in ("reward_mean", "kl", "kl_coef", "clip_frac", "approx_kl", "value_loss", "loss"):
         assert again[key] == pytest.approx(third[key], rel=1e-6, abs=1e-7), key
+
+
+def test_colocated_offload_repeats_the_default_layout_metrics():
+    """Critic and reference parked in host memory between phases: same numbers."""
+    actor, critic = engine(), engine()
+    default = fresh(actor, critic)
+    colocated = fresh(actor, critic, replace(CONFIG, offload_idle=True))
+    assert memory_kinds(colocated.reference) == {"pinned_host"}
+    assert memory_kinds(colocated.critic) == {"pinned_host"}
+    for i in range(2):
+        want, got = default.step(prompts(i, 16)), colocated.step(prompts(i, 16))
+        for key in ("reward_mean", "kl", "clip_frac", "approx_kl", "value_loss", "loss"):
+            assert got[key] == pytest.approx(want[key], rel=1e-6, abs=1e-7), (i, key)
+    assert memory_kinds(colocated.critic) == {"pinned_host"}
+    assert memory_kinds(colocated.roles()["critic"]) == {"device"}  # checkpoints see device
 
 
 def run_kl(history):

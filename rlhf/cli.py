@@ -1,0 +1,283 @@
+"""``jaxcore rlhf sft|reward|ppo|grpo|dpo CONFIG.yaml``: one stage from a YAML config.
+
+Every stage writes ``<train.out>/metrics.jsonl`` (one line per step or iteration, with
+its index) and checkpoints under ``<train.out>/checkpoints``. PPO and GRPO save every role
+and optimizer state each ``checkpoint_every`` iterations (`rlhf.save_trainer`) and, when
+started again on the same ``out``, resume from the newest complete checkpoint: metrics
+lines past it are dropped and recomputed, so the file ends as an uninterrupted run's.
+
+``JAXCORE_RLHF_KILL_AT=<iteration>:<point>`` SIGKILLs the process at a named point
+(``before_save``: iteration's metrics written, its checkpoint not begun; ``saved``: its
+checkpoint complete): deterministic fault injection for the resume test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import json
+import os
+import pathlib
+import signal
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from jaxcore import ConfigError, JaxcoreError
+from rlhf.config import STAGES, RunConfig, load_config
+
+KILL_ENV = "JAXCORE_RLHF_KILL_AT"
+
+
+def _fault_point(iteration: int, point: str) -> None:
+    """SIGKILL here when ``JAXCORE_RLHF_KILL_AT`` names this iteration and point."""
+    if os.environ.get(KILL_ENV) == f"{iteration}:{point}":
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+class MetricsLog:
+    """``metrics.jsonl`` kept to the lines before ``start`` (a resume recomputes the
+    rest); each line is flushed and fsynced, so a kill never leaves half a line."""
+
+    def __init__(self, path: pathlib.Path, start: int):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lines = path.read_text().splitlines() if path.exists() else []
+        kept = [ln for ln in lines if ln.strip() and json.loads(ln)["step"] < start]
+        path.write_text("".join(ln + "\n" for ln in kept))
+        self._file = path.open("a")
+
+    def write(self, step: int, metrics: dict[str, Any]) -> None:
+        line = {"step": step, **{k: float(v) for k, v in metrics.items()}}
+        self._file.write(json.dumps(line) + "\n")
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        print(" ".join(f"{k}={v:.4g}" for k, v in line.items()), flush=True)
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def load_reward(spec: Any) -> Any:
+    """The callable ``module:name`` names (called with ``kwargs`` first when given)."""
+    module, _, name = spec.fn.partition(":")
+    try:
+        fn = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as e:
+        raise ConfigError(
+            f"rewards: cannot load {spec.fn!r} ({e}); write 'module:function'."
+        ) from None
+    return fn(**spec.kwargs) if spec.kwargs else fn
+
+
+def _engine(cfg: RunConfig) -> Any:
+    import jaxcore as jc
+
+    return jc.Engine(parallel=cfg.parallel, seed=cfg.train.seed)
+
+
+def _optimizer(lr: float) -> Any:
+    import optax
+
+    return optax.adam(lr)
+
+
+def run_rl(
+    cfg: RunConfig, report: Callable[[int, dict[str, float]], bool] | None = None
+) -> dict[str, float]:
+    """PPO or GRPO for ``train.steps`` iterations, resuming from ``out/checkpoints``.
+
+    ``report(iterations_done, metrics)`` (e.g. a `jaxcore experiment` trial's) is called
+    after each iteration; returning True checkpoints and stops the run there.
+    """
+    from rlhf.checkpoint import latest_iteration, restore_trainer, save_trainer
+    from rlhf.grpo import GRPOTrainer
+    from rlhf.models import lm_factory, scalar_head_factory
+    from rlhf.ppo import PPOTrainer
+    from rlhf.rollout import Sampler
+    from rlhf.tasks import random_prompts, read_jsonl
+
+    t, p = cfg.train, cfg.prompts
+    actor_engine = _engine(cfg)
+    actor = actor_engine.prepare(lm_factory(cfg.model), _optimizer(t.lr), seed=t.seed)
+    sampler = Sampler(cfg.model, actor.params, cfg.serving)
+    rewards = [(load_reward(s), s.weight) for s in cfg.rewards]
+    if cfg.stage == "ppo":
+        critic_engine = _engine(cfg)
+        critic = critic_engine.prepare(
+            scalar_head_factory(cfg.model), _optimizer(t.critic_lr or t.lr), seed=t.seed + 1
+        )
+        trainer: Any = PPOTrainer(
+            (actor_engine, actor), (critic_engine, critic), sampler, rewards, cfg.ppo
+        )
+    else:
+        trainer = GRPOTrainer(actor_engine, actor, sampler, rewards, cfg.grpo)
+    fixed = [r["prompt"] for r in read_jsonl(p.path, ("prompt",))] if p.path else None
+
+    def prompts(i: int) -> list[list[int]]:
+        if fixed is not None:
+            return fixed
+        return random_prompts(i, p.count, p.length, p.low, cfg.model.vocab_size, p.seed)
+
+    out = pathlib.Path(t.out)
+    ckpt = out / "checkpoints"
+    start = restore_trainer(trainer, ckpt) if latest_iteration(ckpt) is not None else 0
+    log = MetricsLog(out / "metrics.jsonl", start)
+    metrics: dict[str, float] = {}
+    for i in range(start, t.steps):
+        metrics = trainer.step(prompts(i))
+        log.write(i, metrics)
+        done = i + 1
+        stop = report(done, metrics) if report is not None else False
+        _fault_point(done, "before_save")
+        if stop or (t.checkpoint_every and (done % t.checkpoint_every == 0 or done == t.steps)):
+            save_trainer(trainer, ckpt)
+            _fault_point(done, "saved")
+        if stop:
+            break
+    log.close()
+    return metrics
+
+
+def _records(cfg: RunConfig, keys: tuple[str, ...]) -> tuple[list[dict], list[dict]]:
+    from rlhf.tasks import read_jsonl, synthetic_records
+
+    d = cfg.data
+    if d.path:
+        records = read_jsonl(d.path, keys)
+    else:
+        records = synthetic_records(
+            d.n + d.held_out,
+            seed=d.seed,
+            prompt_len=d.prompt_len,
+            completion_len=d.completion_len,
+            token=d.token,
+            low=d.low,
+            vocab=cfg.model.vocab_size,
+        )
+    if len(records) <= d.held_out:
+        raise ConfigError(
+            f"data: {len(records)} records but held_out={d.held_out}; add records or lower it."
+        )
+    return records[: -d.held_out or None], records[len(records) - d.held_out :]
+
+
+def _pad(seqs: list[list[int]], length: int) -> np.ndarray:
+    out = np.zeros((len(seqs), length), np.int32)
+    for i, s in enumerate(seqs):
+        out[i, : len(s)] = s
+    return out
+
+
+def _batches(arrays: dict[str, np.ndarray], size: int, where: str) -> list[dict]:
+    n = len(next(iter(arrays.values())))
+    if n < size:
+        raise ConfigError(
+            f"{where}: {n} rows, fewer than train.batch_size={size}; add data or lower it."
+        )
+    return [{k: v[i : i + size] for k, v in arrays.items()} for i in range(0, n - size + 1, size)]
+
+
+def _pair_arrays(records: list[dict], stage: str) -> dict[str, np.ndarray]:
+    chosen = [r["prompt"] + r["chosen"] for r in records]
+    rejected = [r["prompt"] + r["rejected"] for r in records]
+    length = max(map(len, chosen + rejected))
+    out = {"chosen": _pad(chosen, length), "rejected": _pad(rejected, length)}
+    if stage == "reward":
+        out["chosen_len"] = np.array([len(s) for s in chosen], np.int32)
+        out["rejected_len"] = np.array([len(s) for s in rejected], np.int32)
+    else:  # DPO: only completion tokens count
+        for key, seqs in (("chosen", chosen), ("rejected", rejected)):
+            mask = np.zeros((len(records), length), np.float32)
+            for i, r in enumerate(records):
+                mask[i, len(r["prompt"]) : len(seqs[i])] = 1.0
+            out[key + "_mask"] = mask
+    return out
+
+
+def run_supervised(cfg: RunConfig) -> dict[str, float]:
+    """SFT, reward model or DPO for ``train.steps`` batches; held-out metrics at the end."""
+    import jax
+    import jax.numpy as jnp
+
+    import jaxcore as jc
+    from rlhf.dpo import dpo_objective, with_reference
+    from rlhf.models import lm_factory, scalar_head_factory
+    from rlhf.reward import reward_loss
+    from rlhf.sft import pack, sft_loss
+
+    t, loss = cfg.train, cfg.loss
+    engine = _engine(cfg)
+    if cfg.stage == "sft":
+        train, held = _records(cfg, ("prompt", "completion"))
+
+        def rows(recs: list[dict]) -> dict[str, np.ndarray]:
+            return pack(
+                [(r["prompt"], r["completion"]) for r in recs], loss.length, packing=loss.packing
+            )
+
+        factory, loss_fn = lm_factory(cfg.model), sft_loss()
+        train_b = _batches(rows(train), t.batch_size, "data (train rows)")
+        held_b = _batches(rows(held), t.batch_size, "data.held_out (rows)")
+    else:
+        train, held = _records(cfg, ("prompt", "chosen", "rejected"))
+        train_b = _batches(_pair_arrays(train, cfg.stage), t.batch_size, "data (train pairs)")
+        held_b = _batches(_pair_arrays(held, cfg.stage), t.batch_size, "data.held_out (pairs)")
+        if cfg.stage == "reward":
+            factory, loss_fn = (
+                scalar_head_factory(cfg.model),
+                reward_loss(center_coef=loss.center_coef),
+            )
+        else:
+            factory = lm_factory(cfg.model)
+            loss_fn = dpo_objective(beta=loss.beta, label_smoothing=loss.label_smoothing)
+    state = engine.prepare(factory, _optimizer(t.lr), seed=t.seed)
+    if cfg.stage == "dpo":  # reference log-probs once, from a copy (steps donate state)
+        reference = jax.tree.map(jnp.copy, state)
+        train_b = with_reference(engine, reference, train_b)
+        held_b = with_reference(engine, reference, held_b)
+        del reference
+    step, evaluate = engine.train_step(loss_fn), engine.eval_step(loss_fn)
+    out = pathlib.Path(t.out)
+    log = MetricsLog(out / "metrics.jsonl", 0)
+    for i in range(t.steps):
+        state, metrics = step(state, train_b[i % len(train_b)])
+        log.write(i, {k: v for k, v in metrics.items() if np.ndim(v) == 0})
+    mean = jc.MeanMetrics()
+    for b in held_b:
+        mean.update({k: v for k, v in evaluate(state, b).items() if np.ndim(v) == 0})
+    held_metrics = {"held_out_" + k: float(v) for k, v in mean.compute().items()}
+    log.write(t.steps, held_metrics)
+    log.close()
+    with jc.Checkpointer(
+        jc.CheckpointConfig(directory=out / "checkpoints", async_save=False), engine=engine
+    ) as ckpt:
+        ckpt.save(state, force=True, step=t.steps)
+    return held_metrics
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="jaxcore rlhf", description=__doc__.splitlines()[0])
+    parser.add_argument("stage", choices=STAGES)
+    parser.add_argument("config", help="YAML file (see configs/rlhf/)")
+    parser.add_argument("--out", help="override train.out")
+    parser.add_argument("--steps", type=int, help="override train.steps")
+    args = parser.parse_args(argv)
+    try:
+        cfg = load_config(args.stage, args.config)
+        overrides = {k: v for k, v in (("out", args.out), ("steps", args.steps)) if v}
+        if overrides:
+            cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, **overrides))
+        final = run_rl(cfg) if cfg.stage in ("ppo", "grpo") else run_supervised(cfg)
+    except JaxcoreError as e:
+        print(f"jaxcore rlhf {args.stage}: {e}", file=sys.stderr)
+        return 2
+    summary = {k: round(v, 4) for k, v in final.items()}
+    print(f"jaxcore rlhf {args.stage}: done, {summary}; metrics in {cfg.train.out}/metrics.jsonl")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,181 @@
+"""YAML configs for ``jaxcore rlhf STAGE CONFIG.yaml``, validated into frozen dataclasses.
+
+Each section becomes the dataclass the Python API takes (``model`` -> `TransformerConfig`,
+``parallel`` -> `jaxcore.ParallelConfig`, ``serving`` -> `inference.ServingConfig`,
+``ppo`` -> `PPOConfig`, ``grpo`` -> `GRPOConfig`), so the CLI and the library validate the
+same fields the same way. A key no dataclass has, or a value a dataclass rejects, raises
+`jaxcore.ConfigError` naming the key's path (``ppo.kl_estimatr``) and the fields allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+from typing import Any
+
+import yaml
+
+from inference import ServingConfig
+from jaxcore import ConfigError, ParallelConfig
+from jaxcore.models import TransformerConfig
+from rlhf.grpo import GRPOConfig
+from rlhf.ppo import PPOConfig
+
+STAGES = ("sft", "reward", "ppo", "grpo", "dpo")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainSection:
+    """How long and where: ``steps`` (iterations for PPO/GRPO, batches otherwise),
+    ``out`` (metrics.jsonl and checkpoints), ``checkpoint_every`` (0: only at the end)."""
+
+    out: str
+    steps: int = 10
+    lr: float = 1e-3
+    critic_lr: float | None = None
+    batch_size: int = 16
+    seed: int = 0
+    checkpoint_every: int = 1
+
+    def __post_init__(self) -> None:
+        if self.steps < 1 or self.batch_size < 1 or self.checkpoint_every < 0:
+            raise ConfigError(
+                "train: steps and batch_size must be >= 1 and checkpoint_every >= 0 (got "
+                f"{self.steps}, {self.batch_size}, {self.checkpoint_every})."
+            )
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PromptSection:
+    """PPO/GRPO prompts: a JSONL file of ``{"prompt": [ids]}`` (``path``), or ``count``
+    random prompts of ``length`` ids in ``[low, vocab)`` drawn per iteration from
+    ``seed + iteration`` (so a resumed run sees the same prompts)."""
+
+    path: str | None = None
+    count: int = 16
+    length: int = 3
+    low: int = 0
+    seed: int = 1000
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DataSection:
+    """SFT/reward/DPO records: a JSONL file (``path``) of ``{"prompt", "completion"}``
+    (SFT) or ``{"prompt", "chosen", "rejected"}`` (reward, DPO) token-id lists, or ``n``
+    synthetic records (`rlhf.tasks.synthetic_records`) where chosen completions are rich
+    in ``token``. ``held_out`` records are kept for the final evaluation."""
+
+    path: str | None = None
+    n: int = 64
+    held_out: int = 16
+    seed: int = 0
+    prompt_len: int = 4
+    completion_len: int = 8
+    token: int = 3
+    low: int = 4
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RewardSpec:
+    """One Python reward ``fn(prompt_ids, completion_ids) -> float`` by ``module:name``;
+    ``kwargs`` make it a factory call first (``module:name(**kwargs)`` returns the fn)."""
+
+    fn: str
+    weight: float = 1.0
+    kwargs: dict = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LossSection:
+    """SFT/reward/DPO loss options: DPO ``beta``, ``label_smoothing``; reward
+    ``center_coef``; SFT ``packing`` and ``length`` (tokens per row)."""
+
+    beta: float = 0.1
+    label_smoothing: float = 0.0
+    center_coef: float | None = None
+    packing: bool = True
+    length: int = 24
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    """A whole ``jaxcore rlhf`` run."""
+
+    stage: str
+    model: TransformerConfig
+    train: TrainSection
+    parallel: ParallelConfig = dataclasses.field(default_factory=ParallelConfig)
+    serving: ServingConfig = dataclasses.field(default_factory=ServingConfig)
+    ppo: PPOConfig = dataclasses.field(default_factory=PPOConfig)
+    grpo: GRPOConfig = dataclasses.field(default_factory=GRPOConfig)
+    loss: LossSection = dataclasses.field(default_factory=LossSection)
+    prompts: PromptSection = dataclasses.field(default_factory=PromptSection)
+    data: DataSection = dataclasses.field(default_factory=DataSection)
+    rewards: tuple[RewardSpec, ...] = ()
+
+
+SECTIONS: dict[str, type] = {
+    "model": TransformerConfig,
+    "train": TrainSection,
+    "parallel": ParallelConfig,
+    "serving": ServingConfig,
+    "ppo": PPOConfig,
+    "grpo": GRPOConfig,
+    "loss": LossSection,
+    "prompts": PromptSection,
+    "data": DataSection,
+}
+
+
+def build(cls: type, raw: Any, where: str) -> Any:
+    """``cls(**raw)`` with errors that name ``where.key`` and list the allowed keys."""
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: expected a mapping of {cls.__name__} fields, got {raw!r}.")
+    allowed = [f.name for f in dataclasses.fields(cls) if f.init]
+    unknown = sorted(set(raw) - set(allowed))
+    if unknown:
+        raise ConfigError(
+            f"{where}.{unknown[0]}: unknown key for {cls.__name__}; allowed keys: "
+            f"{', '.join(allowed)}."
+        )
+    try:
+        return cls(**raw)
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from None
+    except (TypeError, ValueError) as e:
+        raise ConfigError(f"{where}: {cls.__name__} rejected {raw!r}: {e}") from None
+
+
+def parse_config(stage: str, raw: Any) -> RunConfig:
+    """Validate a loaded YAML mapping for ``stage`` into a `RunConfig`."""
+    if stage not in STAGES:
+        raise ConfigError(f"rlhf stage {stage!r}: use one of {', '.join(STAGES)}.")
+    if not isinstance(raw, dict):
+        raise ConfigError("rlhf config: the file must hold a mapping of sections.")
+    allowed = [*SECTIONS, "rewards"]
+    unknown = sorted(set(raw) - set(allowed))
+    if unknown:
+        raise ConfigError(f"{unknown[0]}: unknown section; allowed: {', '.join(allowed)}.")
+    for key in ("model", "train"):
+        if key not in raw:
+            raise ConfigError(f"{key}: missing section (required for every stage).")
+    fields = {k: build(SECTIONS[k], v, k) for k, v in raw.items() if k in SECTIONS}
+    rewards = raw.get("rewards", [])
+    if not isinstance(rewards, list):
+        raise ConfigError("rewards: expected a list of {fn: 'module:name', weight: ...}.")
+    fields["rewards"] = tuple(build(RewardSpec, r, f"rewards[{i}]") for i, r in enumerate(rewards))
+    if stage in ("ppo", "grpo") and not fields["rewards"]:
+        raise ConfigError(f"rewards: {stage} needs at least one reward {{fn: 'module:name'}}.")
+    return RunConfig(stage=stage, **fields)
+
+
+def load_config(stage: str, path: str | pathlib.Path) -> RunConfig:
+    """Read and validate ``path`` (YAML) for ``stage``."""
+    path = pathlib.Path(path)
+    if not path.is_file():
+        raise ConfigError(f"rlhf config {path}: no such file.")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise ConfigError(f"rlhf config {path}: not valid YAML ({e}).") from None
+    return parse_config(stage, raw)

@@ -26,7 +26,7 @@ import numpy as np
 
 import jaxcore as jc
 from inference.engine import SlotEngine, SlotSettings, fetch, fetch_prefill
-from inference.paging import PagePool, Reservation
+from inference.paging import PagePool, PromptScores, Reservation
 from inference.request import QueueFullError, Request, RequestError
 from inference.sampling import SamplingParams
 from inference.tokenizer import Tokenizer
@@ -276,23 +276,24 @@ class Scheduler:
             if r is not None and self._holds(i, r):
                 r._notify()
 
-    def _deliver_prefill(self, out: Any, holder: tuple[int, Request]) -> None:
-        slot, r = holder
+    def _deliver_prefill(self, out: Any, holder: tuple[int, Request, Reservation | None]) -> None:
+        slot, r, reservation = holder
         try:
             first = fetch_prefill(out)
         except Exception as e:
             self._fail(slot, r, e)
             return
+        scores = self._prompt_scores(first, reservation)
         if not self._holds(slot, r):
             return
         p = r.params
         if p.prompt_logprobs is not None:
             n = p.prompt_logprobs
-            r.prompt_logprobs = first.prompt_logprobs.tolist()
-            r.prompt_ranks = first.prompt_ranks.tolist()
+            r.prompt_logprobs = scores.logprobs[1:].tolist()
+            r.prompt_ranks = scores.ranks[1:].tolist()
             r.prompt_top_logprobs = [
                 list(zip(ids[:n].tolist(), lps[:n].tolist(), strict=True))
-                for ids, lps in zip(first.prompt_top_ids, first.prompt_top_logprobs, strict=True)
+                for ids, lps in zip(scores.top_ids[1:], scores.top_logprobs[1:], strict=True)
             ]
         if p.max_tokens == 0:
             r.first_token_time = time.perf_counter()
@@ -303,6 +304,32 @@ class Scheduler:
         self._after_token(slot, r)
         if self._holds(slot, r):
             r._notify()
+
+    def _prompt_scores(self, first: Any, reservation: Reservation | None) -> PromptScores:
+        """Scores of every prompt position: the cached head (when the request asked for
+        them) and the computed rest; the full blocks among them go into the cache."""
+        computed = PromptScores(
+            first.prompt_logprobs,
+            first.prompt_ranks,
+            first.prompt_top_ids,
+            first.prompt_top_logprobs,
+        )
+        start = reservation.cached_tokens if reservation is not None else 0
+        head = reservation.scores if reservation is not None else None
+        if head is None:  # unknown positions 0 .. start (position 0 never has a score)
+            head = PromptScores(
+                np.zeros(start + 1, np.float32),
+                np.zeros(start + 1, np.int32),
+                np.zeros((start + 1, *computed.top_ids.shape[1:]), np.int32),
+                np.zeros((start + 1, *computed.top_logprobs.shape[1:]), np.float32),
+            )
+            known_from = start + 1 if start else 1
+        else:
+            known_from = 1
+        scores = PromptScores.concat([head, computed])
+        if reservation is not None and self.pool is not None:
+            self.pool.store_scores(reservation.hashes, scores, known_from)
+        return scores
 
     def _after_token(self, slot: int, r: Request) -> None:
         if r.finish_reason is None and len(r.prompt) + len(r.output) >= self.max_len:
@@ -355,15 +382,17 @@ class Scheduler:
     def _admit(self, slot: int, r: Request) -> bool:
         """Dispatch ``r``'s prefill into ``slot``; False when the paged cache lacks pages."""
         p = r.params
-        start, table = 0, None
+        start, table, copy, reservation = 0, None, None, None
         if self.pool is not None:
             total = min(len(r.prompt) + max(p.max_tokens, 1), self.max_len)
-            # Prompt log-probs need every prompt position's logits: no cached prefix.
-            reservation = self.pool.reserve(r.prompt, total, use_cache=p.prompt_logprobs is None)
+            # Prompt log-probs come from cached blocks' scores plus the recomputed rest.
+            reservation = self.pool.reserve(
+                r.prompt, total, use_cache=True, scores=p.prompt_logprobs is not None
+            )
             if reservation is None:
                 return False
             self._reserved[slot] = reservation
-            start, table = reservation.cached_tokens, reservation.table
+            start, table, copy = reservation.cached_tokens, reservation.table, reservation.copy
         settings = SlotSettings(
             key=self._key(p),
             max_tokens=p.max_tokens,
@@ -377,7 +406,9 @@ class Scheduler:
             stop_ids=r.stop_ids(),
         )
         try:
-            out = self.engine.prefill_async(slot, r.prompt, settings, start=start, pages=table)
+            out = self.engine.prefill_async(
+                slot, r.prompt, settings, start=start, pages=table, copy=copy
+            )
         except Exception as e:
             self._unreserve(slot)
             r.error = e
@@ -388,7 +419,7 @@ class Scheduler:
         self.stats["prefill_tokens_computed_total"] += len(r.prompt) - start
         self.stats["prefix_cache_hit_tokens_total"] += start
         self.slots[slot] = r
-        self._inflight.append(("prefill", out, (slot, r)))
+        self._inflight.append(("prefill", out, (slot, r, reservation)))
         return True
 
     def _unreserve(self, slot: int) -> None:

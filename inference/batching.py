@@ -83,7 +83,9 @@ class Scheduler:
                 prefix_caching=engine.config.prefix_caching,
             )
         self._reserved: list[Reservation | None] = [None] * engine.config.slots
-        self._seed = np.random.SeedSequence(engine.config.seed)
+        # Keys of requests without a seed: drawn from the engine's seed (a Generator draw
+        # is microseconds; spawning a SeedSequence per request took milliseconds).
+        self._seeds = np.random.default_rng(engine.config.seed)
         self._wakeup = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -266,11 +268,13 @@ class Scheduler:
 
     def _deliver_decode(self, out: Any, holders: list[Request | None]) -> None:
         out = fetch(out)
-        for step in range(out.tokens.shape[0]):
+        # Python lists once per dispatch: indexing NumPy arrays per token cost more.
+        tokens, logprobs, emitted = out.tokens.tolist(), out.logprobs.tolist(), out.emitted.tolist()
+        for step in range(len(tokens)):
             for i, r in enumerate(holders):
-                if r is None or not out.emitted[step, i] or not self._holds(i, r):
+                if r is None or not emitted[step][i] or not self._holds(i, r):
                     continue  # the slot was free, stopped, or its request ended before
-                self._add(r, out.tokens[step, i], out.logprobs[step, i], out, (step, i))
+                self._add(r, tokens[step][i], logprobs[step][i], out, (step, i))
                 self._after_token(i, r)
         for i, r in enumerate(holders):
             if r is not None and self._holds(i, r):
@@ -341,8 +345,9 @@ class Scheduler:
         # A failure that belongs to one request (its tokenizer, its stop strings) fails
         # that request only; the scheduler thread keeps serving the others.
         try:
-            top_ids = out.top_ids if at is None else out.top_ids[at]
-            top_lps = out.top_logprobs if at is None else out.top_logprobs[at]
+            top_ids, top_lps = out.top_ids, out.top_logprobs
+            if at is not None and r.params.logprobs:  # alternatives only when reported
+                top_ids, top_lps = top_ids[at], top_lps[at]
             r._add(int(token), float(logprob), top_ids, top_lps)
             self.stats["generation_tokens_total"] += 1
         except Exception as e:
@@ -372,11 +377,7 @@ class Scheduler:
             request._notify()
 
     def _key(self, params: SamplingParams) -> np.ndarray:
-        seed = (
-            params.seed
-            if params.seed is not None
-            else int(self._seed.spawn(1)[0].generate_state(1)[0])
-        )
+        seed = params.seed if params.seed is not None else int(self._seeds.integers(0, 2**32))
         return np.asarray([0, seed & 0xFFFFFFFF], np.uint32)
 
     def _admit(self, slot: int, r: Request) -> bool:

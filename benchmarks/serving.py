@@ -38,7 +38,11 @@ if os.environ.get("GLIBC_TUNABLES") != _TUNABLES and not os.environ.get("SERVING
     os.environ["GLIBC_TUNABLES"] = _TUNABLES
     os.execv(sys.executable, [sys.executable, *sys.argv])
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# benchmarks/compression.py would shadow the standard library's `compression` (jax imports
+# compression.zstd): drop this script's folder from the path and import from the repo root.
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+sys.path.insert(0, str(_HERE.parent))
 
 # --threads N caps both peers at N threads (XLA's intra-op pool and torch's). On a shared,
 # oversubscribed machine PyTorch's OpenMP spinning made HF generate 20x slower with 2
@@ -184,7 +188,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     same = ours[0]["outputs"][:n_seq] == seq["outputs"] and ours[0]["outputs"] == hf_b16["outputs"]
     mixed = run_mixed(params, hf, n_requests, rng)
-    shared = run_shared_prefix(params, 16 if args.quick else 64, rng)
+    shared = run_shared_prefix(params, 64, rng)  # 64 requests in both modes
     result = {
         "model": "GPT-2 shape: 4 layers, d=256, 4 heads, vocab 256, float32, 1 CPU device",
         "requests": n_requests,

@@ -26,7 +26,7 @@ import numpy as np
 
 import jaxcore as jc
 from inference.engine import SlotEngine, SlotSettings, fetch, fetch_prefill
-from inference.paging import PagePool, Reservation
+from inference.paging import PagePool, PromptScores, Reservation
 from inference.request import QueueFullError, Request, RequestError
 from inference.sampling import SamplingParams
 from inference.tokenizer import Tokenizer
@@ -83,7 +83,9 @@ class Scheduler:
                 prefix_caching=engine.config.prefix_caching,
             )
         self._reserved: list[Reservation | None] = [None] * engine.config.slots
-        self._seed = np.random.SeedSequence(engine.config.seed)
+        # Keys of requests without a seed: drawn from the engine's seed (a Generator draw
+        # is microseconds; spawning a SeedSequence per request took milliseconds).
+        self._seeds = np.random.default_rng(engine.config.seed)
         self._wakeup = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -266,33 +268,36 @@ class Scheduler:
 
     def _deliver_decode(self, out: Any, holders: list[Request | None]) -> None:
         out = fetch(out)
-        for step in range(out.tokens.shape[0]):
+        # Python lists once per dispatch: indexing NumPy arrays per token cost more.
+        tokens, logprobs, emitted = out.tokens.tolist(), out.logprobs.tolist(), out.emitted.tolist()
+        for step in range(len(tokens)):
             for i, r in enumerate(holders):
-                if r is None or not out.emitted[step, i] or not self._holds(i, r):
+                if r is None or not emitted[step][i] or not self._holds(i, r):
                     continue  # the slot was free, stopped, or its request ended before
-                self._add(r, out.tokens[step, i], out.logprobs[step, i], out, (step, i))
+                self._add(r, tokens[step][i], logprobs[step][i], out, (step, i))
                 self._after_token(i, r)
         for i, r in enumerate(holders):
             if r is not None and self._holds(i, r):
                 r._notify()
 
-    def _deliver_prefill(self, out: Any, holder: tuple[int, Request]) -> None:
-        slot, r = holder
+    def _deliver_prefill(self, out: Any, holder: tuple[int, Request, Reservation | None]) -> None:
+        slot, r, reservation = holder
         try:
             first = fetch_prefill(out)
         except Exception as e:
             self._fail(slot, r, e)
             return
+        scores = self._prompt_scores(first, reservation)
         if not self._holds(slot, r):
             return
         p = r.params
         if p.prompt_logprobs is not None:
             n = p.prompt_logprobs
-            r.prompt_logprobs = first.prompt_logprobs.tolist()
-            r.prompt_ranks = first.prompt_ranks.tolist()
+            r.prompt_logprobs = scores.logprobs[1:].tolist()
+            r.prompt_ranks = scores.ranks[1:].tolist()
             r.prompt_top_logprobs = [
                 list(zip(ids[:n].tolist(), lps[:n].tolist(), strict=True))
-                for ids, lps in zip(first.prompt_top_ids, first.prompt_top_logprobs, strict=True)
+                for ids, lps in zip(scores.top_ids[1:], scores.top_logprobs[1:], strict=True)
             ]
         if p.max_tokens == 0:
             r.first_token_time = time.perf_counter()
@@ -304,6 +309,32 @@ class Scheduler:
         if self._holds(slot, r):
             r._notify()
 
+    def _prompt_scores(self, first: Any, reservation: Reservation | None) -> PromptScores:
+        """Scores of every prompt position: the cached head (when the request asked for
+        them) and the computed rest; the full blocks among them go into the cache."""
+        computed = PromptScores(
+            first.prompt_logprobs,
+            first.prompt_ranks,
+            first.prompt_top_ids,
+            first.prompt_top_logprobs,
+        )
+        start = reservation.cached_tokens if reservation is not None else 0
+        head = reservation.scores if reservation is not None else None
+        if head is None:  # unknown positions 0 .. start (position 0 never has a score)
+            head = PromptScores(
+                np.zeros(start + 1, np.float32),
+                np.zeros(start + 1, np.int32),
+                np.zeros((start + 1, *computed.top_ids.shape[1:]), np.int32),
+                np.zeros((start + 1, *computed.top_logprobs.shape[1:]), np.float32),
+            )
+            known_from = start + 1 if start else 1
+        else:
+            known_from = 1
+        scores = PromptScores.concat([head, computed])
+        if reservation is not None and self.pool is not None:
+            self.pool.store_scores(reservation.hashes, scores, known_from)
+        return scores
+
     def _after_token(self, slot: int, r: Request) -> None:
         if r.finish_reason is None and len(r.prompt) + len(r.output) >= self.max_len:
             r._finish("length")
@@ -314,8 +345,9 @@ class Scheduler:
         # A failure that belongs to one request (its tokenizer, its stop strings) fails
         # that request only; the scheduler thread keeps serving the others.
         try:
-            top_ids = out.top_ids if at is None else out.top_ids[at]
-            top_lps = out.top_logprobs if at is None else out.top_logprobs[at]
+            top_ids, top_lps = out.top_ids, out.top_logprobs
+            if at is not None and r.params.logprobs:  # alternatives only when reported
+                top_ids, top_lps = top_ids[at], top_lps[at]
             r._add(int(token), float(logprob), top_ids, top_lps)
             self.stats["generation_tokens_total"] += 1
         except Exception as e:
@@ -345,25 +377,23 @@ class Scheduler:
             request._notify()
 
     def _key(self, params: SamplingParams) -> np.ndarray:
-        seed = (
-            params.seed
-            if params.seed is not None
-            else int(self._seed.spawn(1)[0].generate_state(1)[0])
-        )
+        seed = params.seed if params.seed is not None else int(self._seeds.integers(0, 2**32))
         return np.asarray([0, seed & 0xFFFFFFFF], np.uint32)
 
     def _admit(self, slot: int, r: Request) -> bool:
         """Dispatch ``r``'s prefill into ``slot``; False when the paged cache lacks pages."""
         p = r.params
-        start, table = 0, None
+        start, table, copy, reservation = 0, None, None, None
         if self.pool is not None:
             total = min(len(r.prompt) + max(p.max_tokens, 1), self.max_len)
-            # Prompt log-probs need every prompt position's logits: no cached prefix.
-            reservation = self.pool.reserve(r.prompt, total, use_cache=p.prompt_logprobs is None)
+            # Prompt log-probs come from cached blocks' scores plus the recomputed rest.
+            reservation = self.pool.reserve(
+                r.prompt, total, use_cache=True, scores=p.prompt_logprobs is not None
+            )
             if reservation is None:
                 return False
             self._reserved[slot] = reservation
-            start, table = reservation.cached_tokens, reservation.table
+            start, table, copy = reservation.cached_tokens, reservation.table, reservation.copy
         settings = SlotSettings(
             key=self._key(p),
             max_tokens=p.max_tokens,
@@ -377,7 +407,9 @@ class Scheduler:
             stop_ids=r.stop_ids(),
         )
         try:
-            out = self.engine.prefill_async(slot, r.prompt, settings, start=start, pages=table)
+            out = self.engine.prefill_async(
+                slot, r.prompt, settings, start=start, pages=table, copy=copy
+            )
         except Exception as e:
             self._unreserve(slot)
             r.error = e
@@ -388,7 +420,7 @@ class Scheduler:
         self.stats["prefill_tokens_computed_total"] += len(r.prompt) - start
         self.stats["prefix_cache_hit_tokens_total"] += start
         self.slots[slot] = r
-        self._inflight.append(("prefill", out, (slot, r)))
+        self._inflight.append(("prefill", out, (slot, r, reservation)))
         return True
 
     def _unreserve(self, slot: int) -> None:

@@ -280,10 +280,17 @@ class SlotEngine:
                 return paged_decode_step(cfg, weights, tokens, cache, active=active, matmul=matmul)
             return decoder.decode_step(weights, tokens, cache, active=active, matmul=matmul)
 
-        def fill(weights, cache, tokens, start, length, slot, table_row):
+        def fill(weights, cache, tokens, start, length, slot, table_row, copy):
             """Prefill into the slot: logits of every prompt position, and the cache."""
             if paged:
-                cache = cache.replace(tables=cache.tables.at[slot].set(table_row))
+                # Copy-on-write: page copy[0] -> copy[1] first (the null page onto itself
+                # when there is nothing to copy), so the suffix writes a private page.
+                src, dst = copy[0], copy[1]
+                cache = cache.replace(
+                    k=cache.k.at[:, dst].set(cache.k[:, src]),
+                    v=cache.v.at[:, dst].set(cache.v[:, src]),
+                    tables=cache.tables.at[slot].set(table_row),
+                )
                 return paged_extend(cfg, weights, tokens, start, length, cache, slot, matmul=matmul)
             logits, prefix = decoder.prefill(weights, tokens[None, :], matmul=matmul)
             return logits[0], decoder.insert(cache, prefix, slot, length)
@@ -305,10 +312,10 @@ class SlotEngine:
             return ~stopped & (st.counters < st.max_tokens) & (lengths + 1 < max_len)
 
         def prefill_insert(
-            weights, state: SlotState, tokens, start, length, slot, table_row, settings, masks
+            weights, state: SlotState, tokens, start, length, slot, table_row, copy, settings, masks
         ):
             stop_mask, seen = masks
-            logits, cache = fill(weights, state.cache, tokens, start, length, slot, table_row)
+            logits, cache = fill(weights, state.cache, tokens, start, length, slot, table_row, copy)
             prompt_out = token_logprobs(logits[:-1], tokens[1:], MAX_TOP_LOGPROBS)
             last = jax.lax.dynamic_index_in_dim(logits, length - 1, keepdims=True)
             vocab = logits.shape[-1]
@@ -407,12 +414,15 @@ class SlotEngine:
         *,
         start: int = 0,
         pages: np.ndarray | None = None,
+        copy: tuple[int, int] | None = None,
     ) -> Any:
         """Dispatch the prefill of ``prompt`` into ``slot`` and its first draw; returns the
         device outputs (`fetch_prefill` turns them into a `PrefillOutput`).
 
         Paged cache: ``pages`` is the slot's page table row and the first ``start``
         positions are already in those pages (a cached prefix): only the rest is run.
+        ``copy = (source, destination)`` copies one page first (copy-on-write of the block
+        where the prompt diverges from a cached one).
         """
         if self.paged and pages is None:
             raise jc.ConfigError("a paged engine's prefill needs the slot's pages=.")
@@ -448,6 +458,7 @@ class SlotEngine:
             np.int32(length),
             np.int32(slot),
             np.asarray(table_row, np.int32),
+            np.asarray(copy or (0, 0), np.int32),
             packed,
             (stop_mask, seen),
         )

@@ -75,6 +75,7 @@ class Request:
         self.first_token_time: float | None = None
         self.finish_time: float | None = None
         self._cancelled = False
+        self._stop_ids: tuple[int, ...] | None = None
         self._done = threading.Event()
 
     # --------------------------------------------------------------- caller side
@@ -104,9 +105,11 @@ class Request:
     # --------------------------------------------------------------- scheduler side
     def stop_ids(self) -> tuple[int, ...]:
         """Token ids that end this request: its stop tokens, and EOS unless ignored."""
-        eos = self.tokenizer.eos_id
-        extra = () if eos is None or self.params.ignore_eos else (eos,)
-        return tuple(dict.fromkeys((*self.params.stop_token_ids, *extra)))
+        if self._stop_ids is None:  # asked once per generated token: computed once
+            eos = self.tokenizer.eos_id
+            extra = () if eos is None or self.params.ignore_eos else (eos,)
+            self._stop_ids = tuple(dict.fromkeys((*self.params.stop_token_ids, *extra)))
+        return self._stop_ids
 
     def _add(self, token: int, logprob: float, top_ids: np.ndarray, top_lps: np.ndarray) -> None:
         if self.first_token_time is None:

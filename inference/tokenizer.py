@@ -48,7 +48,11 @@ class ByteTokenizer:
     def decode(self, ids: Sequence[int]) -> str:
         # An incomplete multi-byte character at the end decodes to U+FFFD; streaming holds
         # it back until the rest of the character arrives.
-        return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
+        try:  # one C call; ids outside a byte (special ids of a model) are dropped
+            raw = bytes(ids)
+        except (ValueError, TypeError):
+            raw = bytes(i for i in ids if 0 <= i < 256)
+        return raw.decode("utf-8", errors="replace")
 
     def token_bytes(self, token_id: int) -> bytes:
         return bytes([token_id])

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from inference import SamplingParams, Scheduler, ServingConfig
 from inference.batching import run_to_completion
@@ -57,16 +59,95 @@ def test_paged_and_prefix_cached_equal_contiguous_and_share_the_prefix(engines):
     assert sched.pool.free_pages() == sched.pool.total  # every page back (cached ones idle)
 
 
-def test_prompt_logprobs_bypass_the_cache_and_match(engines):
+def test_prompt_logprobs_go_through_the_prefix_cache_and_match(engines):
     contiguous, paged = engines
-    prompt = list(range(40, 90))
-    params = SamplingParams(max_tokens=3, prompt_logprobs=2)
+    prompt = list(range(40, 90))  # 50 tokens: 3 full pages of 16
+    params = SamplingParams(max_tokens=3, prompt_logprobs=5)
     (a,) = run_to_completion(Scheduler(contiguous, ByteTokenizer()), [(prompt, params)])
     sched = Scheduler(paged, ByteTokenizer())
     run_to_completion(sched, [(prompt, SamplingParams(max_tokens=2))])  # warm the cache
+    computed = sched.stats["prefill_tokens_computed_total"]
     (b,) = run_to_completion(sched, [(prompt, params)])
+    # 47 positions came from the cache; the last cached one (46) was recomputed in a
+    # copy of its page, since its logits score token 47.
+    assert sched.stats["prefill_tokens_computed_total"] - computed == 50 - 47
+    assert sched.pool.copies == 1
     np.testing.assert_allclose(a.prompt_logprobs, b.prompt_logprobs, atol=1e-5)
+    assert a.prompt_ranks == b.prompt_ranks
+    for x, y in zip(a.prompt_top_logprobs, b.prompt_top_logprobs, strict=True):
+        assert [i for i, _ in x] == [i for i, _ in y]
+        np.testing.assert_allclose([v for _, v in x], [v for _, v in y], atol=1e-5)
     assert a.output == b.output
+    np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+
+
+def test_copy_on_write_at_the_first_divergent_block(engines):
+    contiguous, paged = engines
+    rng = np.random.default_rng(3)
+    a = rng.integers(0, 256, 56).tolist()  # pages 0-2 full, then 8 more prompt tokens
+    b = a[:40] + rng.integers(0, 256, 21).tolist()  # diverges 8 tokens into page 2
+    c = [*a[:40], (a[40] + 1) % 256, *a[41:]]  # diverges at the same place, one token
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    work = [(a, params), (b, params), (c, params), (a, params)]
+    want = run_to_completion(Scheduler(contiguous, ByteTokenizer()), work)
+    sched = Scheduler(paged, ByteTokenizer())
+    got = run_to_completion(sched, work)  # all four at once: a still decodes while b copies
+    for x, y in zip(want, got, strict=True):
+        assert x.output == y.output
+        np.testing.assert_allclose(x.logprobs, y.logprobs, atol=1e-5)
+    # a ran in full; b and c reused 2 shared pages + 8 copied positions of a's page 2; the
+    # second a reused a's 3 full pages and copied page 3's 7 of 8 prompt positions.
+    assert sched.stats["prefill_tokens_computed_total"] == 56 + (61 - 40) + (56 - 40) + 1
+    assert sched.pool.copies == 3
+    assert sched.pool.free_pages() == sched.pool.total
+
+
+def test_a_shared_page_is_never_written():
+    pool = PagePool(16, 4, 8, prefix_caching=True)
+    a = pool.reserve([1, 2, 3, 4, 5, 6, 7, 8, 9], 12, use_cache=True)
+    b = pool.reserve([1, 2, 3, 4, 5, 6, 0, 0, 0], 12, use_cache=True)
+    assert b.cached_tokens == 6 and b.pages[0] == a.pages[0]
+    assert b.copy == (a.pages[1], b.pages[1]) and b.pages[1] not in a.pages
+    pool.release(a)
+    pool.release(b)
+    assert pool.free_pages() == pool.total
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=14), min_size=1, max_size=12))
+def test_pool_property_cached_positions_hold_the_prompt_and_shared_pages_stay_read_only(
+    prompts,
+):
+    """A host model of the device pages: after each reservation's copy, every cached
+    position holds the prompt's token; the prefill then writes only pages no other live
+    request holds."""
+    ps = 4
+    pool = PagePool(24, ps, 5, prefix_caching=True)
+    content = {p: [None] * ps for p in range(24)}
+    live: list = []
+    for i, prompt in enumerate(prompts):
+        total = len(prompt) + 3
+        r = pool.reserve(prompt, total, use_cache=True)
+        if r is None:
+            pool.release(live.pop(0))
+            r = pool.reserve(prompt, total, use_cache=True)
+        assert r is not None
+        if r.copy is not None:
+            content[r.copy[1]] = list(content[r.copy[0]])
+        assert 0 <= r.cached_tokens < len(prompt)
+        for t in range(r.cached_tokens):
+            assert content[r.table[t // ps]][t % ps] == prompt[t]
+        others = {p for o in live for p in o.pages}
+        for t in range(r.cached_tokens, total):
+            page = r.table[t // ps]
+            assert page not in others
+            content[page][t % ps] = prompt[t] if t < len(prompt) else ("gen", i)
+        live.append(r)
+        if i % 3 == 2:
+            pool.release(live.pop(0))
+    for r in live:
+        pool.release(r)
+    assert pool.free_pages() == pool.total
 
 
 def test_pages_are_freed_on_cancel_and_admission_waits_for_pages(engines):

@@ -5,9 +5,12 @@ scheduler thread."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import jaxcore as jc
 from inference import LLM, SamplingParams, ServingConfig
+from inference.tokenizer import ByteTokenizer
 from inference.weights import init_params
 from jaxcore.models import TransformerConfig
 from tests.inference.helpers import byte_level_tokenizer
@@ -52,3 +55,10 @@ def test_a_failing_request_leaves_the_scheduler_running(params, monkeypatch):
         assert llm.scheduler._thread.is_alive()
     finally:
         llm.close()
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(-3, 300), max_size=40))
+def test_byte_decode_fast_path_equals_the_filtering_reference(ids):
+    want = bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
+    assert ByteTokenizer().decode(ids) == want

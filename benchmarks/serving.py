@@ -38,11 +38,7 @@ if os.environ.get("GLIBC_TUNABLES") != _TUNABLES and not os.environ.get("SERVING
     os.environ["GLIBC_TUNABLES"] = _TUNABLES
     os.execv(sys.executable, [sys.executable, *sys.argv])
 
-# benchmarks/compression.py would shadow the standard library's `compression` (jax imports
-# compression.zstd): drop this script's folder from the path and import from the repo root.
-_HERE = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
-sys.path.insert(0, str(_HERE.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 # --threads N caps both peers at N threads (XLA's intra-op pool and torch's). On a shared,
 # oversubscribed machine PyTorch's OpenMP spinning made HF generate 20x slower with 2

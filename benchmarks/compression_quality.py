@@ -18,7 +18,7 @@ Perplexity is per byte on held-out files (200-239), int8 rows through the infere
 package's quantized weights and matmul. Tokens/s: ``inference.LLM(...).generate`` of 8
 prompts x 64 new tokens, greedy, 8 slots, after a warm-up round, median of 3.
 
-    python benchmarks/compression.py [--steps 300 --ft 100]   # writes results/compression.json
+    python benchmarks/compression_quality.py [--steps 300 --ft 100]  # results/compression.json
 """
 
 from __future__ import annotations
@@ -31,19 +31,17 @@ import sys
 import time
 from pathlib import Path
 
-# This file's directory would shadow any module named `compression` (jax probes for the
-# Python 3.14 stdlib one): put the repository root there instead.
-sys.path[0] = str(Path(__file__).resolve().parents[1])
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import jax  # noqa: E402
-import optax  # noqa: E402
+import jax
+import optax
 
-import inference  # noqa: E402
-import jaxcore as jc  # noqa: E402
-from benchmarks._common import write_results  # noqa: E402
-from inference import quantize as iq  # noqa: E402
-from jaxcore import compression as cz  # noqa: E402
-from jaxcore.models import Transformer, TransformerConfig, lm_loss  # noqa: E402
+import inference
+import jaxcore as jc
+from benchmarks._common import write_results
+from inference import quantize as iq
+from jaxcore import compression as cz
+from jaxcore.models import Transformer, TransformerConfig, lm_loss
 
 SEQ, BATCH = 64, 16
 CFG = TransformerConfig.tiny(

@@ -38,3 +38,9 @@ def with_gpu_flags(env: MutableMapping[str, str]) -> MutableMapping[str, str]:
     extra = [f"--{k}={v}" for k, v in GPU_FLAGS.items() if k not in mine]
     env["XLA_FLAGS"] = " ".join([*current.split(), *extra])
     return env
+
+
+if __name__ == "__main__":  # `python jaxcore/xla_flags.py`: print them without importing jax
+    import os
+
+    print(with_gpu_flags(dict(os.environ))["XLA_FLAGS"])

@@ -14,7 +14,8 @@ import _no_shadow  # noqa: F401  (before anything imports jax)
 GROUPS = (  # first match wins; names are XLA HLO op names or torch aten op names
     ("optimizer", ("adamw", "optimizer", "_foreach", "lerp", "addcdiv", "addcmul")),
     ("layout copies / transposes", ("copy", "transpose", "contiguous", "clone", "permute")),
-    ("matmul", ("dot", "gemm", "matmul", "aten::mm", "aten::bmm", "addmm", "linear")),
+    # XLA CPU runs its dots (with fused neighbours) as YNNPACK calls: `ynn_fusion`.
+    ("matmul", ("ynn", "dot", "gemm", "matmul", "aten::mm", "aten::bmm", "addmm", "linear")),
     ("softmax / reductions", ("softmax", "reduce", "logsumexp", "sum", "mean")),
     ("slices / scan traffic", ("dynamic", "slice", "gather", "scatter", "concatenate", "while")),
     ("elementwise fusions", ("fusion", "aten::mul", "aten::add", "silu", "aten::where")),

@@ -37,7 +37,7 @@ from jaxcore.nonfinite import NonFiniteState
 from jaxcore.notebook import notebook_launcher
 from jaxcore.pipeline import PipelineConfig, scan_layers
 from jaxcore.plan import TrainPlan
-from jaxcore.precision import LossScaleConfig, PrecisionPolicy
+from jaxcore.precision import LossScaleConfig, PrecisionPolicy, default_precision
 from jaxcore.profiling import (
     StepMeter,
     compile_estimate,
@@ -122,6 +122,7 @@ __all__ = [
     "checkpoint_block",
     "compile_estimate",
     "constrain",
+    "default_precision",
     "detect",
     "ensure_malloc_tuning",
     "export_checkpoint",

@@ -39,6 +39,7 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxcore import trace_context
@@ -140,19 +141,43 @@ def _pipelined(layer_fn, x, layer_params, per_example, ctx: trace_context.TraceC
     batch_axes = batch_spec(mesh, ctx.rules)[0]
     free = PartitionSpec.UNCONSTRAINED
 
-    def on_stages(a: jax.Array, batch_dim: int | None = None) -> jax.Array:
+    def constrain_dims(a: jax.Array, **dims: Any) -> jax.Array:
         spec = [free] * a.ndim
-        spec[0] = "pipeline"
-        if batch_dim is not None:
-            spec[batch_dim] = batch_axes
+        for dim, axis in dims.items():
+            spec[int(dim[1:])] = axis
         return jax.lax.with_sharding_constraint(a, NamedSharding(mesh, PartitionSpec(*spec)))
+
+    def on_stages(a: jax.Array) -> jax.Array:  # (S, microbatch, ...): stage and batch axes
+        return constrain_dims(a, d0="pipeline", d1=batch_axes)
+
+    def streamed(a: jax.Array) -> jax.Array:  # (iterations, microbatch, ...)
+        return constrain_dims(a, d0=None, d1=batch_axes)
 
     # (L, ...) -> (S, R, Lps, ...): stage s, repeat r holds layers (r*S + s)*Lps + j.
     stage_params = jax.tree.map(
-        lambda p: on_stages(p.reshape((R, S, lps, *p.shape[1:])).swapaxes(0, 1)), layer_params
+        lambda p: constrain_dims(
+            p.reshape((R, S, lps, *p.shape[1:])).swapaxes(0, 1), d0="pipeline"
+        ),
+        layer_params,
     )
     xs = _split_micro(x, M)
     extras = tuple(_split_micro(e, M) for e in per_example)
+    steps = M * R + S - 1
+
+    # Everything an iteration reads or writes is one microbatch per stage; nothing of the
+    # size of the whole batch. A loop that indexes a closed-over (M, ...) array pays for it
+    # in the backward pass: the transpose of each read is a scatter into a zero buffer of
+    # the whole batch, added to the gradient accumulator every iteration, a cost that grows
+    # with M at a fixed batch (the gap between measured and theoretical efficiency). So:
+    # - stage 0's next inputs are streamed in as the scan's per-iteration inputs (gathered
+    #   once, outside the loop, with static indices);
+    # - the per-example arrays (rotary tables) travel with their microbatch in the stage
+    #   buffer, shifted with it, instead of being gathered per stage per iteration;
+    # - the last stage's outputs leave as the scan's per-iteration outputs.
+    # MaxText's pipeline.py streams its inputs the same way (its ``state_io`` buffer).
+    feed = np.arange(1, steps + 1) % M  # the microbatch stage 0 takes after iteration t
+    x_feed = streamed(jnp.take(xs, feed, axis=0))
+    extras_feed = tuple(streamed(jnp.take(e, feed, axis=0)) for e in extras)
 
     def run_stage(h, params_r, *ex):
         def body(c, p):
@@ -161,38 +186,43 @@ def _pipelined(layer_fn, x, layer_params, per_example, ctx: trace_context.TraceC
         return jax.lax.scan(body, h, params_r)[0]
 
     stages = jnp.arange(S)
+    is_first = lambda a: (stages == 0).reshape((S,) + (1,) * (a.ndim - 1))
+    shift_in = lambda a, first: on_stages(jnp.where(is_first(a), first, jnp.roll(a, 1, axis=0)))
+    if R == 1:  # GPipe: a static slice, no per-iteration gather of the weights
+        gpipe_params = jax.tree.map(lambda p: p[:, 0], stage_params)
 
-    def iteration(carry, t):
-        state, outputs = carry
-        pos = t - stages  # each stage's position in the stream of M*R microbatch passes
-        repeat = jnp.clip(pos // M, 0, R - 1)
-        micro = jnp.mod(pos, M)
-        if R == 1:  # GPipe: a static slice, no per-iteration gather of the weights
-            params_now = jax.tree.map(lambda p: p[:, 0], stage_params)
+    def iteration(carry, feed_t):
+        t, state, ex_state, loop = carry
+        x_next, ex_next = feed_t[0], feed_t[1:]
+        if R == 1:
+            params_now = gpipe_params
         else:
+            repeat = jnp.clip((t - stages) // M, 0, R - 1)
             params_now = jax.tree.map(
                 lambda p: jax.vmap(lambda ps, r: ps[r])(p, repeat), stage_params
             )
-        ex_now = tuple(jnp.take(e, micro, axis=0) for e in extras)
-        out = jax.vmap(run_stage, spmd_axis_name="pipeline")(state, params_now, *ex_now)
-        out = on_stages(out, batch_dim=1)
-        last = t - (S - 1)
-        done = jnp.logical_and(last >= 0, last < M * R)
-        slot = jnp.mod(last, M)
-        # Write one slot (its old value when nothing finished): O(1) per iteration, where a
-        # select over the whole buffer would copy it every iteration.
-        keep = jax.lax.dynamic_index_in_dim(outputs, slot, 0, keepdims=False)
-        outputs = jax.lax.dynamic_update_index_in_dim(
-            outputs, jnp.where(done, out[S - 1], keep), slot, 0
+        out = on_stages(
+            jax.vmap(run_stage, spmd_axis_name="pipeline")(state, params_now, *ex_state)
         )
-        nxt = t + 1
-        first = jnp.where(nxt < M, xs[jnp.mod(nxt, M)], outputs[jnp.mod(nxt, M)])
-        state = jnp.roll(out, 1, axis=0)
-        state = jnp.where((stages == 0).reshape((S,) + (1,) * (state.ndim - 1)), first, state)
-        return (on_stages(state, batch_dim=1), outputs), None
+        first = x_next
+        if R > 1:
+            # Circular: a microbatch's pass through the last stage feeds stage 0 again M
+            # iterations after it started; ``loop`` holds the last M such outputs.
+            last = t - (S - 1)
+            loop = jax.lax.dynamic_update_index_in_dim(loop, out[S - 1], jnp.mod(last, M), 0)
+            nxt = t + 1
+            again = jax.lax.dynamic_index_in_dim(loop, jnp.mod(nxt, M), 0, keepdims=False)
+            first = jnp.where(nxt < M, x_next, again)
+        state = shift_in(out, first)
+        ex_state = tuple(shift_in(e, n) for e, n in zip(ex_state, ex_next, strict=True))
+        return (t + 1, state, ex_state, loop), out[S - 1]
 
-    state0 = jnp.zeros((S, *xs.shape[1:]), xs.dtype)
-    state0 = on_stages(state0.at[0].set(xs[0]), batch_dim=1)
-    steps = M * R + S - 1
-    (_, outputs), _ = jax.lax.scan(iteration, (state0, jnp.zeros_like(xs)), jnp.arange(steps))
-    return _merge_micro(outputs)
+    def first_state(a: jax.Array) -> jax.Array:
+        return on_stages(jnp.zeros((S, *a.shape[1:]), a.dtype).at[0].set(a[0]))
+
+    loop0 = jnp.zeros_like(xs) if R > 1 else jnp.zeros((), xs.dtype)
+    carry0 = (jnp.int32(0), first_state(xs), tuple(first_state(e) for e in extras), loop0)
+    _, last_out = jax.lax.scan(iteration, carry0, (x_feed, *extras_feed))
+    # Microbatch m's final pass leaves the last stage at iteration (R-1)*M + m + S - 1:
+    # the last M iterations' outputs, in microbatch order.
+    return _merge_micro(last_out[steps - M :])

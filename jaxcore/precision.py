@@ -59,6 +59,16 @@ POLICIES = {
 }
 
 
+def default_precision(platform: str) -> str:
+    """The policy a run on ``platform`` should pick: ``bf16`` on accelerators, ``fp32`` on CPU.
+
+    GPUs and TPUs run bfloat16 matmuls several times faster than float32 (float32 master
+    weights keep the update exact); XLA's CPU backend runs its bfloat16 matmul slower than
+    its float32 one (155 vs 183 GFLOP/s at 2048², PERF-NOTES.md), so bf16 buys nothing there.
+    """
+    return "fp32" if platform == "cpu" else "bf16"
+
+
 def get_policy(name: str | PrecisionPolicy) -> PrecisionPolicy:
     """Look up a policy by name; a `PrecisionPolicy` passes through."""
     if isinstance(name, PrecisionPolicy):

@@ -22,6 +22,7 @@ from jaxcore.models.paged_decoding import (
 from jaxcore.models.transformer import (
     Transformer,
     TransformerConfig,
+    attention_implementation,
     count_params,
     training_flops_per_token,
 )
@@ -33,6 +34,7 @@ __all__ = [
     "Transformer",
     "TransformerConfig",
     "TransformerDecoder",
+    "attention_implementation",
     "count_params",
     "decode_step",
     "decoding_weights",

@@ -272,20 +272,37 @@ def _heads_first_attention(
     return out.transpose(0, 3, 1, 2, 4).reshape(b, t, n, d)
 
 
+def attention_implementation(device: jax.Device, dtype) -> str:
+    """Which attention kernel `attention` runs: ``heads_first``, ``cudnn`` or ``xla``.
+
+    ``cudnn`` (cuDNN's fused flash attention) on NVIDIA GPUs for 16-bit inputs, the only
+    dtypes it takes; XLA's CPU backend runs the heads-first formulation faster than
+    ``dot_product_attention``'s einsums; ``xla`` (the generic lowering) everywhere else,
+    TPUs and AMD GPUs included. MaxText selects ``cudnn_flash_te`` for its GPU configs
+    the same way (``attention=cudnn_flash_te`` in ``configs/a3_plus/llama_2/7b/16vm.sh``).
+    """
+    if device.platform == "cpu":
+        return "heads_first"
+    nvidia = device.platform in ("gpu", "cuda") and "nvidia" in device.device_kind.lower()
+    if nvidia and jnp.dtype(dtype) in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+        return "cudnn"
+    return "xla"
+
+
 def attention(q: jax.Array, k: jax.Array, v: jax.Array, window: int | None = None) -> jax.Array:
     """Causal grouped-query attention on ``(batch, length, heads, head_dim)`` arrays.
 
     ``window`` limits each query to the last ``window`` keys, itself included (Mistral's
-    sliding window, Hugging Face's ``kv_idx > q_idx - sliding_window``).
-
-    On accelerators it goes through ``jax.nn.dot_product_attention`` so the backend can
-    use its fused kernel; on CPU a heads-first formulation is faster (and XLA's CPU
-    backend has no float16 x float16 -> float32 dot that the fused path would ask for).
+    sliding window, Hugging Face's ``kv_idx > q_idx - sliding_window``). The kernel is
+    chosen by backend and dtype (`attention_implementation`).
     """
-    if jax.devices()[0].platform == "cpu":
+    kind = attention_implementation(jax.devices()[0], q.dtype)
+    if kind == "heads_first":
         return _heads_first_attention(q, k, v, window)
     local = None if window is None else (window - 1, 0)
-    return jax.nn.dot_product_attention(q, k, v, is_causal=True, local_window_size=local)
+    return jax.nn.dot_product_attention(
+        q, k, v, is_causal=True, local_window_size=local, implementation=kind
+    )
 
 
 _BIAS_AXES = {

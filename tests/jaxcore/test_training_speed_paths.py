@@ -1,0 +1,136 @@
+"""The training-speed paths: attention kernel selection, the GPU flags and check script,
+the default precision per backend, and the pipeline's per-iteration work."""
+
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import jax
+import jax.extend
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import Mesh
+
+from jaxcore import trace_context
+from jaxcore.models.transformer import _heads_first_attention, attention_implementation
+from jaxcore.pipeline import PipelineConfig, scan_layers
+from jaxcore.precision import default_precision
+from jaxcore.sharding import DEFAULT_RULES
+from jaxcore.xla_flags import GPU_FLAGS, flag_names, with_gpu_flags
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def fake_device(platform: str, kind: str):
+    return types.SimpleNamespace(platform=platform, device_kind=kind)
+
+
+@pytest.mark.parametrize(
+    "platform, kind, dtype, expected",
+    [
+        ("cpu", "cpu", jnp.float32, "heads_first"),
+        ("cpu", "cpu", jnp.bfloat16, "heads_first"),
+        ("gpu", "NVIDIA H100 80GB HBM3", jnp.bfloat16, "cudnn"),
+        ("gpu", "NVIDIA A100-SXM4-40GB", jnp.float16, "cudnn"),
+        ("gpu", "NVIDIA H100 80GB HBM3", jnp.float32, "xla"),  # cuDNN takes 16-bit only
+        ("gpu", "AMD Instinct MI300X", jnp.bfloat16, "xla"),
+        ("tpu", "TPU v5 lite", jnp.bfloat16, "xla"),
+    ],
+)
+def test_attention_kernel_by_backend_and_dtype(platform, kind, dtype, expected):
+    assert attention_implementation(fake_device(platform, kind), dtype) == expected
+
+
+@pytest.mark.parametrize("window", [None, 5])
+def test_xla_fallback_matches_heads_first(window):
+    # The accelerator fallback (xla) and the CPU path compute the same causal GQA.
+    ks = jax.random.split(jax.random.key(0), 3)
+    q = jax.random.normal(ks[0], (2, 12, 4, 8))
+    k, v = (jax.random.normal(kk, (2, 12, 2, 8)) for kk in ks[1:])
+    local = None if window is None else (window - 1, 0)
+    ref = jax.nn.dot_product_attention(
+        q, k, v, is_causal=True, local_window_size=local, implementation="xla"
+    )
+    np.testing.assert_allclose(_heads_first_attention(q, k, v, window), ref, atol=2e-6)
+
+
+def test_default_precision():
+    assert default_precision("cpu") == "fp32"
+    assert default_precision("gpu") == "bf16"
+    assert default_precision("tpu") == "bf16"
+
+
+def test_gpu_flags_keep_the_users_values():
+    env = {"XLA_FLAGS": "--xla_gpu_enable_latency_hiding_scheduler=false --xla_dump_to=/tmp/x"}
+    flags = with_gpu_flags(env)["XLA_FLAGS"].split()
+    assert "--xla_gpu_enable_latency_hiding_scheduler=false" in flags
+    assert "--xla_gpu_enable_latency_hiding_scheduler=true" not in flags
+    assert flags[1] == "--xla_dump_to=/tmp/x"
+    assert flag_names(" ".join(flags)) == set(GPU_FLAGS) | {"xla_dump_to"}
+    assert with_gpu_flags({})["XLA_FLAGS"].count("--") == len(GPU_FLAGS)
+
+
+def test_gpu_check_dry_run_on_cpu():
+    env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(ROOT)}
+    env.pop("XLA_FLAGS", None)
+    out = subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), "--dry-run"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    for words in ("mfu_cpu.py --device gpu --model base", "serving.py", "gpu_parity.py"):
+        assert words in out.stdout
+    assert '"attention": "heads_first"' in out.stdout
+    assert "XLA accepted the flags" in out.stdout and "dry run ok" in out.stdout
+
+
+def _scan_bodies(jaxpr, inside=False):
+    """Every variable shape in the bodies of the scans of ``jaxpr`` (nested included)."""
+    shapes = []
+    for eqn in jaxpr.eqns:
+        if inside:
+            shapes += [
+                tuple(v.aval.shape) for v in (*eqn.invars, *eqn.outvars) if hasattr(v, "aval")
+            ]
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            shapes += _scan_bodies(sub, inside or eqn.primitive.name == "scan")
+    return shapes
+
+
+@pytest.mark.parametrize("wrt", ["params", "inputs"])
+def test_pipeline_iterations_touch_one_microbatch_per_stage(wrt):
+    # GPipe's loop (forward and backward) must not hold or index a buffer of the whole
+    # batch: such a buffer costs each iteration time in proportion to M at a fixed batch.
+    S, M, batch, feat, rows = 4, 8, 16, 6, 3
+    mesh = Mesh(np.array(jax.devices()[:S]), ("pipeline",))
+    ctx = trace_context.TraceContext(
+        mesh=mesh, rules=DEFAULT_RULES, pipeline=PipelineConfig(stages=S, microbatches=M)
+    )
+    params = jnp.ones((S, feat, feat)) * 0.1
+    x = jnp.ones((batch, rows, feat))
+    extra = jnp.ones((batch, rows, 1))  # per-example arrays (rotary tables) ride along
+
+    def loss(p, x):
+        with trace_context.tracing(ctx):
+            return scan_layers(lambda h, w, e: jnp.tanh(h @ w) * e, x, p, (extra,)).sum()
+
+    argnum = 0 if wrt == "params" else 1
+    jaxpr = jax.make_jaxpr(jax.grad(loss, argnums=argnum))(params, x).jaxpr
+    mb = batch // M
+    whole = {(M, mb, rows, feat), (batch, rows, feat), (M, mb, rows, 1), (batch, rows, 1)}
+    shapes = _scan_bodies(jaxpr)
+    assert (S, mb, rows, feat) in shapes  # the stage buffer is in there
+    assert not whole & set(shapes)
+    with trace_context.tracing(ctx):
+        got = jax.jit(jax.grad(loss, argnums=argnum))(params, x)
+    ref = jax.grad(
+        lambda p, x: jax.lax.scan(lambda h, w: (jnp.tanh(h @ w) * extra, None), x, p)[0].sum(),
+        argnums=argnum,
+    )(params, x)
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)

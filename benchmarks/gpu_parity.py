@@ -17,7 +17,6 @@ import json
 import sys
 from pathlib import Path
 
-import _no_shadow  # noqa: F401  (before jax)
 import jax
 import numpy as np
 import optax

@@ -22,8 +22,6 @@ import re
 import sys
 from pathlib import Path
 
-import _no_shadow  # noqa: F401  (before anything imports jax)
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from jaxcore.runtime import ensure_malloc_tuning

@@ -14,8 +14,6 @@ from __future__ import annotations
 import argparse
 import os
 
-import _no_shadow  # noqa: F401  (before anything imports jax)
-
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])

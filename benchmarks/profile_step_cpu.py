@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import argparse
 
-import _no_shadow  # noqa: F401  (before anything imports jax)
-
 GROUPS = (  # first match wins; names are XLA HLO op names or torch aten op names
     ("optimizer", ("adamw", "optimizer", "_foreach", "lerp", "addcdiv", "addcmul")),
     ("layout copies / transposes", ("copy", "transpose", "contiguous", "clone", "permute")),

@@ -23,7 +23,6 @@ import sys
 import time
 from pathlib import Path
 
-import _no_shadow  # noqa: F401  (before anything imports jax)
 import jax
 import numpy as np
 import optax

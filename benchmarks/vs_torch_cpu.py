@@ -13,8 +13,6 @@ from __future__ import annotations
 import argparse
 import os
 
-import _no_shadow  # noqa: F401  (before anything imports jax)
-
 SIZES = {
     # name: (d_model, n_layers, n_heads, seq, batch) -- sizes a and b of PERF-NOTES.md
     "q": (128, 2, 4, 128, 8),

@@ -18,6 +18,7 @@ from typing import Any
 import yaml
 
 from jaxcore.errors import ConfigError
+from jaxcore.remat import POLICY_NAMES
 
 
 def _require(cond: bool, key: str, problem: str) -> None:
@@ -111,6 +112,12 @@ class TrainSection:
     seed: int = 0
     devices: int = 8
     """Fake CPU devices when there is no accelerator (set before JAX starts)."""
+    remat: str = "none"
+    """Activation checkpointing per block (``jaxcore.remat`` policy names)."""
+    precision: str = "fp32"
+    """``fp32``, or ``bf16`` (float32 master weights, bfloat16 compute) on accelerators."""
+    grad_accum: int = 1
+    """Microbatches accumulated inside one step (``batch`` must divide by it)."""
 
     def __post_init__(self) -> None:
         _require(self.steps >= 1, "train.steps", f"{self.steps} < 1; train at least 1 step")
@@ -120,6 +127,19 @@ class TrainSection:
         _require(self.zero in (0, 1, 2, 3), "train.zero", f"{self.zero}; use 0, 1, 2 or 3")
         _require(self.checkpoint_every >= 1, "train.checkpoint_every", "must be >= 1")
         _require(self.devices >= 1, "train.devices", "must be >= 1")
+        _require(
+            self.remat in POLICY_NAMES, "train.remat", f"{self.remat!r}; use one of {POLICY_NAMES}"
+        )
+        _require(
+            self.precision in ("fp32", "bf16", "fp16"),
+            "train.precision",
+            f"{self.precision!r}; use fp32, bf16 or fp16",
+        )
+        _require(
+            self.grad_accum >= 1 and self.batch % self.grad_accum == 0,
+            "train.grad_accum",
+            f"{self.grad_accum}; use a positive divisor of train.batch ({self.batch})",
+        )
 
 
 @dataclass(frozen=True, kw_only=True)

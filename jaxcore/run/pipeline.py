@@ -108,7 +108,9 @@ def dry_run(config: RunConfig, *, console: Console | None = None) -> dict[str, A
         "weight_decay": tr.weight_decay,
     }
     cfg: TransformerConfig = trial.model_config(hp)
-    engine = jc.Engine(parallel=jc.ParallelConfig(fsdp=-1), zero=tr.zero, clip_grad_norm=1.0)
+    engine = trial.build_engine(
+        {"zero": tr.zero, "remat": tr.remat, "precision": tr.precision, "grad_accum": tr.grad_accum}
+    )
     est = jc.compile_estimate(
         engine,
         lambda rngs: Transformer(cfg, rngs=rngs),
@@ -129,6 +131,9 @@ def dry_run(config: RunConfig, *, console: Console | None = None) -> dict[str, A
         "mesh": {k: int(v) for k, v in engine.mesh.shape.items()},
         "devices": f"{jax.device_count()} x {jax.devices()[0].platform}",
         "zero": tr.zero,
+        "remat": tr.remat,
+        "precision": tr.precision,
+        "grad_accum": tr.grad_accum,
         "global_batch": tr.batch,
         "memory_per_device_bytes": {
             "arguments": est.argument_bytes,

@@ -14,7 +14,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import jaxcore as jc
 
 VAL_FRACTION = 0.1  # at most this share of the documents is held out
 VAL_BATCHES = 2
@@ -50,6 +53,20 @@ def model_config(hp: dict[str, Any]) -> Any:
     )
 
 
+def build_engine(hp: dict) -> jc.Engine:
+    """ZeRO-``zero`` FSDP over every device, with the run's remat, precision and accumulation."""
+    import jaxcore as jc
+
+    return jc.Engine(
+        parallel=jc.ParallelConfig(fsdp=-1),
+        zero=int(hp.get("zero", 3)),
+        remat=str(hp.get("remat", "none")),
+        precision=str(hp.get("precision", "fp32")),
+        grad_accum=int(hp.get("grad_accum", 1)),
+        clip_grad_norm=1.0,
+    )
+
+
 def optimizer(hp: dict[str, Any]) -> Any:
     import optax
 
@@ -81,9 +98,7 @@ def train(ctx: Any) -> None:
     held = held_out_count(docs, seq + 1, batch * (seq + 1))
     train_docs, val_docs = docs[:-held], docs[-held:]
     eos = json.loads(index.read_text())["eos_id"]
-    engine = jc.Engine(
-        parallel=jc.ParallelConfig(fsdp=-1), zero=int(hp.get("zero", 3)), clip_grad_norm=1.0
-    )
+    engine = build_engine(hp)
     input_cfg = jc.InputConfig(global_batch_size=batch, seq_len=seq, seed=seed, pad_id=eos)
     loader = jc.Loader(train_docs, input_cfg, engine.batch_sharding)
     factory = lambda rngs: Transformer(cfg, rngs=rngs)

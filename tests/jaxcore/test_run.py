@@ -186,6 +186,12 @@ def test_config_errors_name_the_key(tmp_path, capsys):
         parse_run_config(raw, tmp_path, ["train.steps='4'"])
     with pytest.raises(ConfigError, match=r"model\.n_heads: 3 does not divide"):
         parse_run_config(raw, tmp_path, ["model.n_heads=3"])
+    with pytest.raises(ConfigError, match=r"train\.remat: 'ful'; use one of"):
+        parse_run_config(raw, tmp_path, ["train.remat=ful"])
+    with pytest.raises(ConfigError, match=r"train\.grad_accum: 5; use a positive divisor"):
+        parse_run_config(raw, tmp_path, ["train.grad_accum=5"])
+    ok = parse_run_config(raw, tmp_path, ["train.remat=full", "train.grad_accum=2"])
+    assert (ok.train.remat, ok.train.grad_accum) == ("full", 2)
     with pytest.raises(ConfigError, match="'no_such_pkg' is not installed"):
         from jaxcore.run.phases import package_sources
 

@@ -218,13 +218,11 @@ def phase_tokenizer(ctx: RunContext) -> dict[str, Any]:
 
 
 # ----------------------------------------------------------------------------- train/search
-def trial_constants(ctx: RunContext, peak_flops: float | None) -> dict[str, Any]:
-    """The constant hyperparameters every trial of this run gets (see `jaxcore.run.trial`)."""
-    m, tr, tok = ctx.config.model, ctx.config.train, ctx.outputs["tokenizer"]
+def run_hparams(config: RunConfig, vocab_size: int) -> dict[str, Any]:
+    """The model and training settings of a run, as `jaxcore.run.trial` reads them."""
+    m, tr = config.model, config.train
     return {
-        "tokens": tok["tokens_index"],
-        "lineage": tok["lineage_file"],
-        "vocab_size": tok["vocab_size"],
+        "vocab_size": vocab_size,
         "d_model": m.d_model,
         "n_layers": m.n_layers,
         "n_heads": m.n_heads,
@@ -240,7 +238,17 @@ def trial_constants(ctx: RunContext, peak_flops: float | None) -> dict[str, Any]
         "grad_accum": tr.grad_accum,
         "seed": tr.seed,
         "checkpoint_every": tr.checkpoint_every,
-        "log_every": max(1, min(10, tr.steps // 20 or 1)),
+    }
+
+
+def trial_constants(ctx: RunContext, peak_flops: float | None) -> dict[str, Any]:
+    """The constant hyperparameters every trial of this run gets (see `jaxcore.run.trial`)."""
+    tok, steps = ctx.outputs["tokenizer"], ctx.config.train.steps
+    return {
+        "tokens": tok["tokens_index"],
+        "lineage": tok["lineage_file"],
+        **run_hparams(ctx.config, tok["vocab_size"]),
+        "log_every": max(1, min(10, steps // 20 or 1)),
         "peak_flops": peak_flops or 0.0,
     }
 

@@ -95,22 +95,9 @@ def dry_run(config: RunConfig, *, console: Console | None = None) -> dict[str, A
         plan_phases.append({"phase": phase, "action": "reuse" if reuse else "run"})
     vocab = outputs.get("tokenizer", {}).get("vocab_size", config.tokenizer.vocab_size)
     m, tr = config.model, config.train
-    hp = {
-        "vocab_size": vocab,
-        "d_model": m.d_model,
-        "n_layers": m.n_layers,
-        "n_heads": m.n_heads,
-        "n_kv_heads": m.n_kv_heads,
-        "d_ff": m.d_ff,
-        "seq": m.seq_len,
-        "lr": tr.lr,
-        "warmup": tr.warmup,
-        "weight_decay": tr.weight_decay,
-    }
+    hp = {**ph.run_hparams(config, vocab), "lr": tr.lr}
     cfg: TransformerConfig = trial.model_config(hp)
-    engine = trial.build_engine(
-        {"zero": tr.zero, "remat": tr.remat, "precision": tr.precision, "grad_accum": tr.grad_accum}
-    )
+    engine = trial.build_engine(hp)
     est = jc.compile_estimate(
         engine,
         lambda rngs: Transformer(cfg, rngs=rngs),

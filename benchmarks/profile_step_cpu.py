@@ -97,21 +97,14 @@ def main() -> None:
     from _common import print_table, stdlib_batch, write_results
     from torch_llama import TorchLlama
     from torch_llama import lm_loss as torch_loss
-    from vs_torch_cpu import SIZES
+    from vs_torch_cpu import SIZES, model_config
 
     import jaxcore as jc
-    from jaxcore.models import Transformer, TransformerConfig, lm_loss
+    from jaxcore.models import Transformer, lm_loss
 
     torch.set_num_threads(os.cpu_count() or 1)
-    d, layers, heads, seq, batch = SIZES[args.size]
-    cfg = TransformerConfig(
-        d_model=d,
-        n_layers=layers,
-        n_heads=heads,
-        n_kv_heads=heads,
-        d_ff=int(d * 8 / 3 + 63) // 64 * 64,
-        max_seq_len=seq,
-    )
+    *_, seq, batch = SIZES[args.size]
+    cfg = model_config(args.size)
     data = stdlib_batch(batch, seq)
     engine = jc.Engine(parallel=jc.ParallelConfig(fsdp=1), devices=jax.devices()[:1])
     holder = {"state": engine.prepare(lambda r: Transformer(cfg, rngs=r), optax.adamw(1e-4))}

@@ -21,6 +21,21 @@ SIZES = {
 }
 
 
+def model_config(name: str):
+    """The reference decoder of size ``name`` (SwiGLU width ~8/3 d, rounded to 64)."""
+    from jaxcore.models import TransformerConfig
+
+    d, layers, heads, seq, _ = SIZES[name]
+    return TransformerConfig(
+        d_model=d,
+        n_layers=layers,
+        n_heads=heads,
+        n_kv_heads=heads,
+        d_ff=int(d * 8 / 3 + 63) // 64 * 64,
+        max_seq_len=seq,
+    )
+
+
 def matmul_peak_gflops(n: int = 2048, repeats: int = 5) -> float:
     """Measured f32 matmul throughput of XLA on this machine (the MFU denominator)."""
     import time
@@ -49,17 +64,10 @@ def bench_size(name: str, rounds: int, steps: int, compile_torch: bool) -> dict:
     from torch_llama import lm_loss as torch_loss
 
     import jaxcore as jc
-    from jaxcore.models import Transformer, TransformerConfig, lm_loss, training_flops_per_token
+    from jaxcore.models import Transformer, lm_loss, training_flops_per_token
 
     d, layers, heads, seq, batch = SIZES[name]
-    cfg = TransformerConfig(
-        d_model=d,
-        n_layers=layers,
-        n_heads=heads,
-        n_kv_heads=heads,
-        d_ff=int(d * 8 / 3 + 63) // 64 * 64,
-        max_seq_len=seq,
-    )
+    cfg = model_config(name)
     data = stdlib_batch(batch, seq)
 
     engine = jc.Engine(parallel=jc.ParallelConfig(fsdp=1), devices=jax.devices()[:1])

@@ -58,14 +58,11 @@ from jaxcore.checkpointing.verification import Unreadable, agree_on_damage
 from jaxcore.errors import ConfigError, JaxcoreError
 from jaxcore.input import check_loader
 from jaxcore.plan import TrainPlan
+from jaxcore.runtime import PREEMPTION_EXIT_CODE  # defined there: the launcher needs no JAX
 from jaxcore.state import TrainState
 
 log = logging.getLogger(__name__)
 
-# sysexits.h EX_TEMPFAIL ("temporary failure; the user is invited to retry"): distinct
-# from 143 (killed by SIGTERM without saving) and from errors, so a scheduler or wrapper
-# script can requeue the job when it sees it.
-PREEMPTION_EXIT_CODE = 75
 DAMAGED_DIR = "damaged"
 _ITEMS = ("state", "meta", positions.SHARED, positions.PER_PROCESS)
 

@@ -41,9 +41,13 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
-from jaxcore.checkpoint import PREEMPTION_EXIT_CODE
 from jaxcore.errors import ConfigError, JaxcoreError
-from jaxcore.runtime import MALLOC_TUNABLES, with_cpu_devices, with_malloc_tuning
+from jaxcore.runtime import (
+    MALLOC_TUNABLES,
+    PREEMPTION_EXIT_CODE,
+    with_cpu_devices,
+    with_malloc_tuning,
+)
 
 log = logging.getLogger(__name__)
 

@@ -22,6 +22,10 @@ from collections.abc import Mapping, MutableMapping
 
 log = logging.getLogger(__name__)
 
+# sysexits.h EX_TEMPFAIL ("temporary failure; the user is invited to retry"): distinct
+# from 143 (killed by SIGTERM without saving) and from errors, so a scheduler or wrapper
+# script can requeue the job when it sees it.
+PREEMPTION_EXIT_CODE = 75
 MALLOC_TUNABLES = (
     "glibc.malloc.hugetlb=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736"
 )

@@ -51,10 +51,16 @@ def test_ppo_sigkill_and_resume_repeats_the_uninterrupted_metrics(tmp_path):
     config = tmp_path / "ppo.yaml"
     config.write_text(yaml.safe_dump({**PPO, "train": {**PPO["train"], "out": "unused"}}))
     whole, killed = tmp_path / "whole", tmp_path / "killed"
+    # The three runs are one program: the first compiles it into JAX's persistent cache and
+    # the other two read it (measured: a PPO run 34 CPU-s cold, 12 warm).
+    cache = {
+        "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "xla-cache"),
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+    }
+    rc_whole, log_whole = finish(cli("ppo", config, whole, cache))
     # Killed after iteration 2's metrics are written, before its checkpoint begins: the
     # newest checkpoint is iteration 1, and the resumed run must recompute iteration 2.
-    runs = [cli("ppo", config, whole), cli("ppo", config, killed, {KILL_ENV: "2:before_save"})]
-    (rc_whole, log_whole), (rc_killed, log_killed) = map(finish, runs)
+    rc_killed, log_killed = finish(cli("ppo", config, killed, {**cache, KILL_ENV: "2:before_save"}))
     assert rc_whole == 0, log_whole
     assert rc_killed == -signal.SIGKILL, log_killed
     assert [m["step"] for m in metrics(killed)] == [0, 1]
@@ -63,7 +69,7 @@ def test_ppo_sigkill_and_resume_repeats_the_uninterrupted_metrics(tmp_path):
     ]
     assert {p.name for p in (killed / "checkpoints").iterdir()} >= {"actor", "critic", "reference"}
 
-    rc, log = finish(cli("ppo", config, killed))
+    rc, log = finish(cli("ppo", config, killed, cache))
     assert rc == 0, log
     expected, resumed = metrics(whole), metrics(killed)
     assert [m["step"] for m in resumed] == [0, 1, 2]

@@ -35,7 +35,12 @@ def tiny_run(tmp_path_factory):
         "resources": {"devices": 1, "slots": 2},
         "checkpoint_storage": {"save_trial_latest": 1, "save_trial_best": 0},
     }
-    summary = run_experiment(raw, executor="local")
+    # The restarted trial runs the program its first process compiled: JAX's persistent
+    # cache, inherited by the trial processes, spares it the compile.
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("JAX_COMPILATION_CACHE_DIR", str(work / "xla-cache"))
+        env.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+        summary = run_experiment(raw, executor="local")
     return raw, summary, Store(parse_config(raw).database_url)
 
 

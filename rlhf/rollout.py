@@ -24,7 +24,8 @@ import numpy as np
 
 from inference import LLM, SamplingParams, ServingConfig
 from jaxcore import ConfigError
-from jaxcore.models import TransformerConfig, decoding_weights
+from jaxcore.models import TransformerConfig
+from rlhf import lora
 from rlhf.losses import completion_mask
 
 
@@ -74,7 +75,12 @@ class Rollout:
 
 
 class Sampler:
-    """An `inference.LLM` serving the actor's current weights for rollouts."""
+    """An `inference.LLM` serving the actor's current weights for rollouts.
+
+    A LoRA actor's ``params`` start the sampler on their base weights (the adapters are
+    left out); `load` then hands it the merged weights (`rlhf.lora.decoding_weights`),
+    which the trainers do on construction.
+    """
 
     def __init__(
         self,
@@ -85,12 +91,15 @@ class Sampler:
         eos_id: int | None = None,
     ):
         self.cfg, self.eos_id = cfg, eos_id
+        if lora.has_adapters(params):
+            params = lora.base_params(params)
         self.llm = LLM(params, config=cfg, engine=serving, tokenizer=IdTokenizer(cfg.vocab_size))
 
     def load(self, model: Any) -> None:
-        """Serve ``model``'s weights (e.g. ``engine.bind(state)``), resharded in memory."""
+        """Serve ``model``'s weights (e.g. ``engine.bind(state)``; a LoRA model's merged),
+        resharded in memory."""
         engine = self.llm.engine
-        weights = decoding_weights(model)
+        weights = lora.decoding_weights(model)
         if engine.dtype != jnp.float32:
             weights = jax.tree.map(lambda x: x.astype(engine.dtype) if x.ndim >= 2 else x, weights)
         engine.weights = jax.device_put(weights, engine.placement.weights)

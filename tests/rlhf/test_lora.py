@@ -12,7 +12,8 @@ import jaxcore as jc
 from inference import ServingConfig
 from rlhf import lora
 from rlhf.grpo import GRPOConfig, GRPOTrainer
-from rlhf.models import lm_factory
+from rlhf.models import lm_factory, scalar_head_factory
+from rlhf.ppo import PPOConfig, PPOTrainer
 from rlhf.rollout import Sampler
 from rlhf.scoring import logprob_scorer
 
@@ -147,3 +148,21 @@ def test_grpo_with_lora_learns_and_keeps_one_frozen_base(base, actor):
     off = ref_score(trained, TOKENS)
     np.testing.assert_array_equal(off, base_score(base_state, TOKENS))  # adapters off == base
     assert np.abs(score(trained, TOKENS) - off).max() > 1e-2  # and the adapters moved
+
+
+def test_ppo_with_lora_scores_the_reference_as_the_base(actor):
+    """PPO's reference is the actor's base (no reference role); at iteration 0 the actor
+    is the base, so the k1 KL to the reference is exactly zero."""
+    eng, state, _, _ = actor
+    state = jax.tree.map(jnp.copy, state)
+    critic = engine()
+    values = critic.prepare(scalar_head_factory(CFG), adam(3e-3), seed=1)
+    sampler = Sampler(CFG, state.params, ServingConfig(slots=8, max_len=16))
+    config = PPOConfig(max_tokens=8, ppo_epochs=1, offload_idle=True)
+    trainer = PPOTrainer((eng, state), (critic, values), sampler, count_good, config)
+    assert trainer.reference is None and set(trainer.roles()) == {"actor", "critic"}
+    first, second = trainer.step(prompts(0, 8)), trainer.step(prompts(1, 8))
+    assert first["kl"] == 0.0 and second["kl"] != 0.0
+    assert first["logprob_diff_max"] < 1e-4 and second["logprob_diff_max"] < 1e-4
+    with pytest.raises(jc.ConfigError, match="drop reference"):
+        PPOTrainer((eng, state), (critic, values), sampler, count_good, config, reference=state)

@@ -2,9 +2,11 @@
 
 `Sampler` wraps an `inference.LLM` (continuous batching, per-token log-probs). `load`
 hands it the trainer's current weights in memory: the trainer's sharded arrays are
-resharded onto the sampler's mesh by ``jax.device_put`` (device to device, shard by
-shard; no file and no full copy on one device), and the compiled prefill/decode
-functions are reused (same shapes and shardings, no recompile).
+resharded onto the sampler's mesh by `rlhf.split.reshard` (device to device: XLA
+collectives on a shared device set, regrouped shard copies across device sets; no file,
+no host round trip, no full copy on one device unless the sampler has one device), and
+the compiled prefill/decode functions are reused (same shapes and shardings, no
+recompile).
 
 Generation runs to ``max_tokens`` and EOS is applied afterwards with
 `rlhf.losses.completion_mask`, as TRL truncates after the stop token: the sampler then
@@ -27,6 +29,7 @@ from jaxcore import ConfigError
 from jaxcore.models import TransformerConfig
 from rlhf import lora
 from rlhf.losses import completion_mask
+from rlhf.split import reshard
 
 
 class IdTokenizer:
@@ -102,7 +105,7 @@ class Sampler:
         weights = lora.decoding_weights(model)
         if engine.dtype != jnp.float32:
             weights = jax.tree.map(lambda x: x.astype(engine.dtype) if x.ndim >= 2 else x, weights)
-        engine.weights = jax.device_put(weights, engine.placement.weights)
+        engine.weights = reshard(weights, engine.placement.weights)
 
     def generate(
         self,

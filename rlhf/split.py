@@ -7,20 +7,26 @@ of its own, as verl's and OpenRLHF's per-role placement groups do. The device or
 actor, critic, reference: the sampler's serving mesh takes the first devices, so it sits
 on the actor's sub-mesh (the actor hands it weights every iteration).
 
-Arrays cross sub-meshes by resharding: ``jax.device_put`` of a sharded array to a
-`NamedSharding` on the other mesh copies device to device, shard by shard; nothing is
-gathered whole on one device. Rollouts and the per-token arrays between roles are small
-host arrays that each role's engine shards onto its own mesh.
+Arrays cross sub-meshes by resharding (`reshard`), device to device. A plain
+``jax.device_put`` to a sharding whose slices no source shard holds (fsdp=4 -> fsdp=2)
+fetches the whole array to the host first (jax's ``shard_sharded_device_array_slow_path``
+falls back to ``x._value``); `reshard` first regroups the shards on the source devices,
+with a jitted identity (device collectives), into the target's slices, and then copies
+each slice to its device. Rollouts and the per-token arrays between roles are small host
+arrays that each role's engine shards onto its own mesh.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Sequence
 from typing import Any
 
 import jax
+import numpy as np
 import optax
+from jax.sharding import AxisType, Mesh, NamedSharding
 
 from jaxcore import ConfigError, Engine, ParallelConfig, TrainState
 
@@ -72,9 +78,55 @@ class SplitConfig:
         return out
 
 
+@functools.lru_cache(maxsize=256)
+def _identity(sharding: NamedSharding) -> Any:
+    return jax.jit(lambda x: x, out_shardings=sharding)
+
+
+def _slices(sharding: Any, shape: tuple[int, ...]) -> set[tuple]:
+    return {
+        tuple((s.start, s.stop, s.step) for s in index)
+        for index in sharding.devices_indices_map(shape).values()
+    }
+
+
+def _staging(x: jax.Array, target: NamedSharding) -> NamedSharding | None:
+    """A sharding on ``x``'s own devices that holds the target's slices (each on
+    ``n_source / n_target`` devices), or None when the device counts do not divide or
+    the target is one device (staging would put the whole array on every source device;
+    a one-device target holds it whole anyway)."""
+    source = x.sharding
+    if not isinstance(source, NamedSharding):
+        return None
+    devices, n_target = list(source.mesh.devices.flat), target.mesh.size
+    if n_target == 1 or len(devices) % n_target:
+        return None
+    grid = np.asarray(devices).reshape(*target.mesh.devices.shape, len(devices) // n_target)
+    names = (*target.mesh.axis_names, "copies")
+    mesh = Mesh(grid, names, axis_types=(AxisType.Auto,) * len(names))
+    return NamedSharding(mesh, target.spec, memory_kind=source.memory_kind)
+
+
+def _reshard_leaf(x: Any, target: Any) -> Any:
+    if not isinstance(x, jax.Array) or not isinstance(target, NamedSharding):
+        return jax.device_put(x, target)
+    if x.sharding == target:
+        return x
+    if x.sharding.device_set == target.device_set:  # one mesh: XLA collectives
+        return _identity(target)(x)
+    if not _slices(target, x.shape) <= _slices(x.sharding, x.shape):
+        staging = _staging(x, target)
+        if staging is not None:
+            x = _identity(staging)(x)
+    # Now every target slice is some source shard: device-to-device copies. (Without a
+    # staging layout, e.g. a target with more devices than the source or one device,
+    # jax goes through the host.)
+    return jax.device_put(x, target)
+
+
 def reshard(tree: Any, shardings: Any) -> Any:
-    """``tree`` moved onto ``shardings`` (possibly another mesh), shard by shard."""
-    return jax.device_put(tree, shardings)
+    """``tree`` moved onto ``shardings`` (possibly another mesh), device to device."""
+    return jax.tree.map(_reshard_leaf, tree, shardings)
 
 
 def device_ids(tree: Any) -> set[int]:

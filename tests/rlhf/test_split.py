@@ -3,6 +3,7 @@ same seed, and the colocated actor's optimizer state in host memory while it gen
 
 import types
 
+import jax
 import numpy as np
 import pytest
 
@@ -12,7 +13,7 @@ from rlhf.layout import DEVICE, HOST, memory_kinds
 from rlhf.models import lm_factory, scalar_head_factory
 from rlhf.ppo import PPOConfig, PPOTrainer
 from rlhf.rollout import Sampler
-from rlhf.split import SplitConfig, SplitLayout, device_ids
+from rlhf.split import SplitConfig, SplitLayout, device_ids, reshard
 
 from .helpers import CFG, adam, count_good, engine, prompts
 
@@ -127,3 +128,36 @@ def test_split_errors_name_the_fix():
         layout.check_sampler(wide)
     with pytest.raises(jc.ConfigError, match="use one of"):
         layout.engine("value")
+
+
+def test_reshard_never_round_trips_through_the_host(monkeypatch):
+    """Fault injection: reading an array's host value raises. A plain device_put from
+    fsdp=4 to fsdp=2 on other devices needs it (jax's slow path gathers on the host);
+    reshard does not, across meshes and within one."""
+    from jax._src.array import ArrayImpl
+
+    P, NS = jax.sharding.PartitionSpec, jax.sharding.NamedSharding
+    value = np.arange(64.0, dtype=np.float32).reshape(8, 8)
+    four = jc.build_mesh(jc.ParallelConfig(fsdp=4), jax.devices()[:4])
+    two = jc.build_mesh(jc.ParallelConfig(fsdp=2), jax.devices()[6:8])
+    x = jax.device_put(value, NS(four, P("fsdp", None)))
+    y = jax.device_put(
+        value, NS(jc.build_mesh(jc.ParallelConfig(fsdp=4, tensor=2)), P("fsdp", "tensor"))
+    )
+    other = jc.build_mesh(jc.ParallelConfig(data=4, fsdp=1, tensor=2))
+
+    def no_host_copy(self):
+        raise AssertionError("gathered on the host")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(ArrayImpl, "_value", property(no_host_copy))
+        with pytest.raises(AssertionError, match="gathered on the host"):
+            jax.device_put(x, NS(two, P("fsdp", None)))
+        moved = reshard(x, NS(two, P("fsdp", None)))
+        replicated = reshard(x, NS(two, P()))
+        regrouped = reshard(y, NS(other, P(None, "tensor")))
+    assert device_ids(moved) == {6, 7} and {s.data.shape for s in moved.addressable_shards} == {
+        (4, 8)
+    }
+    for out in (moved, replicated, regrouped):
+        np.testing.assert_array_equal(np.asarray(out), value)

@@ -13,12 +13,14 @@ Training goes through `jaxcore.Engine` (any mesh, any ZeRO stage); generation th
 `inference` (continuous batching). This package adds no parallelism of its own.
 """
 
-from rlhf import losses
+from rlhf import lora, losses
 from rlhf.checkpoint import latest_iteration, restore_trainer, save_trainer
 from rlhf.config import RunConfig, load_config, parse_config
 from rlhf.dpo import dpo_objective, sequence_logprob, with_reference
 from rlhf.grpo import GRPOConfig, GRPOTrainer
 from rlhf.kl import AdaptiveKLController, FixedKLController
+from rlhf.layout import Roles, build_roles
+from rlhf.lora import LoRAConfig, LoRATransformer, lora_factory
 from rlhf.models import (
     ScalarHeadModel,
     lm_factory,
@@ -32,6 +34,7 @@ from rlhf.rewards import ModelReward, score_rollout
 from rlhf.rollout import IdTokenizer, Rollout, Sampler
 from rlhf.scoring import logprob_scorer, parity, truncated_is_weights, value_scorer
 from rlhf.sft import chat_example, pack, sft_loss
+from rlhf.split import SplitConfig, SplitLayout
 
 __all__ = [
     "AdaptiveKLController",
@@ -39,13 +42,19 @@ __all__ = [
     "GRPOConfig",
     "GRPOTrainer",
     "IdTokenizer",
+    "LoRAConfig",
+    "LoRATransformer",
     "ModelReward",
     "PPOConfig",
     "PPOTrainer",
+    "Roles",
     "Rollout",
     "RunConfig",
     "Sampler",
     "ScalarHeadModel",
+    "SplitConfig",
+    "SplitLayout",
+    "build_roles",
     "chat_example",
     "dpo_objective",
     "latest_iteration",
@@ -53,6 +62,8 @@ __all__ = [
     "load_config",
     "logprob_scorer",
     "logprobs_and_entropy",
+    "lora",
+    "lora_factory",
     "losses",
     "pack",
     "pair_scores",

@@ -94,26 +94,20 @@ def run_rl(
     """
     from rlhf.checkpoint import latest_iteration, restore_trainer, save_trainer
     from rlhf.grpo import GRPOTrainer
-    from rlhf.models import lm_factory, scalar_head_factory
+    from rlhf.layout import build_roles
     from rlhf.ppo import PPOTrainer
-    from rlhf.rollout import Sampler
     from rlhf.tasks import random_prompts, read_jsonl
 
     t, p = cfg.train, cfg.prompts
-    actor_engine = _engine(cfg)
-    actor = actor_engine.prepare(lm_factory(cfg.model), _optimizer(t.lr), seed=t.seed)
-    sampler = Sampler(cfg.model, actor.params, cfg.serving)
+    roles = build_roles(cfg, _optimizer)  # colocated or split, LoRA or full actor
+    sampler = roles.sampler
     rewards = [(load_reward(s), s.weight) for s in cfg.rewards]
     if cfg.stage == "ppo":
-        critic_engine = _engine(cfg)
-        critic = critic_engine.prepare(
-            scalar_head_factory(cfg.model), _optimizer(t.critic_lr or t.lr), seed=t.seed + 1
-        )
         trainer: Any = PPOTrainer(
-            (actor_engine, actor), (critic_engine, critic), sampler, rewards, cfg.ppo
+            roles.actor, roles.critic, sampler, rewards, cfg.ppo, **roles.reference
         )
     else:
-        trainer = GRPOTrainer(actor_engine, actor, sampler, rewards, cfg.grpo)
+        trainer = GRPOTrainer(*roles.actor, sampler, rewards, cfg.grpo)
     fixed = [r["prompt"] for r in read_jsonl(p.path, ("prompt",))] if p.path else None
 
     def prompts(i: int) -> list[list[int]]:

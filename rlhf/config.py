@@ -2,8 +2,9 @@
 
 Each section becomes the dataclass the Python API takes (``model`` -> `TransformerConfig`,
 ``parallel`` -> `jaxcore.ParallelConfig`, ``serving`` -> `inference.ServingConfig`,
-``ppo`` -> `PPOConfig`, ``grpo`` -> `GRPOConfig`), so the CLI and the library validate the
-same fields the same way. A key no dataclass has, or a value a dataclass rejects, raises
+``ppo`` -> `PPOConfig`, ``grpo`` -> `GRPOConfig`, ``lora`` -> `rlhf.lora.LoRAConfig`,
+``split`` -> `rlhf.split.SplitConfig`), so the CLI and the library validate the same fields
+the same way. A key no dataclass has, or a value a dataclass rejects, raises
 `jaxcore.ConfigError` naming the key's path (``ppo.kl_estimatr``) and the fields allowed.
 """
 
@@ -13,13 +14,16 @@ import dataclasses
 import pathlib
 from typing import Any
 
+import jax
 import yaml
 
 from inference import ServingConfig
 from jaxcore import ConfigError, ParallelConfig
 from jaxcore.models import TransformerConfig
 from rlhf.grpo import GRPOConfig
+from rlhf.lora import LoRAConfig
 from rlhf.ppo import PPOConfig
+from rlhf.split import SplitConfig
 
 STAGES = ("sft", "reward", "ppo", "grpo", "dpo")
 
@@ -112,6 +116,8 @@ class RunConfig:
     prompts: PromptSection = dataclasses.field(default_factory=PromptSection)
     data: DataSection = dataclasses.field(default_factory=DataSection)
     rewards: tuple[RewardSpec, ...] = ()
+    lora: LoRAConfig | None = None
+    split: SplitConfig | None = None
 
 
 SECTIONS: dict[str, type] = {
@@ -124,6 +130,8 @@ SECTIONS: dict[str, type] = {
     "loss": LossSection,
     "prompts": PromptSection,
     "data": DataSection,
+    "lora": LoRAConfig,
+    "split": SplitConfig,
 }
 
 
@@ -166,7 +174,28 @@ def parse_config(stage: str, raw: Any) -> RunConfig:
     fields["rewards"] = tuple(build(RewardSpec, r, f"rewards[{i}]") for i, r in enumerate(rewards))
     if stage in ("ppo", "grpo") and not fields["rewards"]:
         raise ConfigError(f"rewards: {stage} needs at least one reward {{fn: 'module:name'}}.")
+    _check_layout(stage, raw, fields)
     return RunConfig(stage=stage, **fields)
+
+
+def _check_layout(stage: str, raw: dict, fields: dict) -> None:
+    """``lora`` (PPO/GRPO actors) and ``split`` (PPO roles) fit the stage and devices."""
+    if "lora" in fields and stage not in ("ppo", "grpo"):
+        raise ConfigError(f"lora: adapters are for the ppo and grpo actors; remove it for {stage}.")
+    split = fields.get("split")
+    if split is None:
+        return
+    if stage != "ppo":
+        raise ConfigError(
+            f"split: the split layout places PPO's actor, critic and reference; remove it "
+            f"for {stage}."
+        )
+    if "parallel" in raw:
+        raise ConfigError(
+            "split and parallel: with split each role is fsdp over its own devices; remove "
+            "the parallel section (or the split section for one shared mesh)."
+        )
+    split.assign(jax.devices())
 
 
 def load_config(stage: str, path: str | pathlib.Path) -> RunConfig:

@@ -4,7 +4,8 @@ One iteration: sample ``num_generations`` completions per prompt with the sample
 reward them, normalise rewards within each prompt's group, take one clipped policy-
 gradient step (TRL's default ``num_iterations=1``: the "old" log-probs are the current
 policy's, computed by the trainer), and hand the new weights to the sampler. With
-``beta == 0`` no reference model is held (TRL's default since 0.19).
+``beta == 0`` no reference model is held (TRL's default since 0.19); with a LoRA actor
+(`rlhf.lora`) the reference is the actor's own base weights with adapters off.
 """
 
 from __future__ import annotations
@@ -19,7 +20,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxcore import ConfigError, Engine, TrainState
+from rlhf import lora
 from rlhf import losses as L
+from rlhf.layout import offload, onload
 from rlhf.models import logprobs_and_entropy
 from rlhf.rewards import as_weighted, score_rollout
 from rlhf.rollout import Sampler
@@ -42,6 +45,8 @@ class GRPOConfig:
             (`rlhf.scoring.ParityMonitor`; between checks the sampler's stand in).
         tis_tolerance: when sampler and trainer log-probs differ by more than this,
             weight tokens by truncated importance ratios (capped at ``tis_cap``).
+        offload_optimizer: the optimizer state waits in host memory (`rlhf.layout`)
+            while the rollout is generated, and comes back for the update.
         seed: seeds the sampler's keys (iteration ``i`` uses ``seed + i``).
     """
 
@@ -56,6 +61,7 @@ class GRPOConfig:
     parity_interval: int = 1
     tis_tolerance: float = 1e-3
     tis_cap: float = 2.0
+    offload_optimizer: bool = False
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -90,8 +96,12 @@ class GRPOTrainer:
     ):
         self.engine, self.state, self.sampler, self.config = engine, state, sampler, config
         self.rewards = as_weighted(rewards)
-        # The train step donates the state, so the reference is its own copy.
-        self.reference = jax.tree.map(jnp.copy, state) if config.beta else None
+        # The train step donates the state, so the reference is its own copy; a LoRA
+        # actor's is its base (adapters off), which the frozen base keeps bit-identical.
+        self.shared_base = lora.has_adapters(state.params)
+        copy = config.beta and not self.shared_base
+        self.reference = jax.tree.map(jnp.copy, state) if copy else None
+        self._ref_score = lora.reference_scorer(engine) if self.shared_base else None
         self.iteration = 0
         self.parity = ParityMonitor(config.parity_interval, config.tis_tolerance, config.tis_cap)
         self._score = logprob_scorer(engine)
@@ -100,7 +110,9 @@ class GRPOTrainer:
 
     def roles(self) -> dict[str, TrainState]:
         """The states a checkpoint holds (`rlhf.save_trainer`)."""
-        return {"actor": self.state} | ({"reference": self.reference} if self.config.beta else {})
+        return {"actor": self.state} | (
+            {"reference": self.reference} if self.reference is not None else {}
+        )
 
     def set_roles(self, roles: dict[str, TrainState]) -> None:
         self.state, self.reference = roles["actor"], roles.get("reference")
@@ -139,14 +151,23 @@ class GRPOTrainer:
         """One rollout + update on ``prompts``; returns the iteration's metrics."""
         c = self.config
         group = [p for p in prompts for _ in range(c.num_generations)]
+        if c.offload_optimizer:
+            self.state = self.state.replace(opt_state=offload(self.state.opt_state))
         rollout = self.sampler.generate(
             group, max_tokens=c.max_tokens, temperature=c.temperature, seed=c.seed + self.iteration
         )
+        if c.offload_optimizer:
+            self.state = self.state.replace(opt_state=onload(self.state.opt_state))
         start = time.perf_counter()
         old, is_weight, check = self.parity.old_logprobs(
             self.iteration, rollout, lambda: self._score(self.state, rollout.tokens)
         )
-        ref = self._score(self.reference, rollout.tokens) if self.reference is not None else old
+        if not c.beta:
+            ref = old
+        elif self.shared_base:
+            ref = self._ref_score(self.state, rollout.tokens)
+        else:
+            ref = self._score(self.reference, rollout.tokens)
         scores = score_rollout(self.rewards, rollout)
         adv = np.asarray(
             L.group_advantages(jnp.asarray(scores), c.num_generations, scale=c.scale_rewards)

@@ -1,4 +1,5 @@
-"""The colocated memory layout: roles idle in a phase wait in host memory.
+"""Memory layouts. Colocated: roles idle in a phase wait in host memory; `build_roles`
+places a run's roles as its config says (colocated, split sub-meshes, LoRA actor).
 
 PPO holds four roles on one mesh; while the critic and the reference are not in use
 (generation, the actor's update) their weights and optimizer state sit in host memory,
@@ -11,9 +12,13 @@ same way between phases (their ``param_offload`` / ``optimizer_offload``).
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import jax
+
+from jaxcore import Engine, TrainState
 
 HOST = "pinned_host"
 DEVICE = "device"
@@ -44,3 +49,60 @@ def memory_kinds(tree: Any) -> set[str]:
     """The memory kinds a role's arrays live in (a test's and a user's check)."""
     leaves = jax.tree.leaves(tree)
     return {x.sharding.memory_kind for x in leaves if isinstance(x, jax.Array)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Roles:
+    """The placed roles of a PPO/GRPO run (`build_roles`).
+
+    ``reference`` holds `rlhf.PPOTrainer`'s ``reference=`` / ``reference_engine=``
+    keywords: empty for the colocated layout (a copy on the actor's mesh) and for a LoRA
+    actor (its own base weights). ``reward_engine`` is where a reward model belongs.
+    """
+
+    actor: tuple[Engine, TrainState]
+    critic: tuple[Engine, TrainState] | None
+    sampler: Any
+    reference: dict[str, Any]
+    reward_engine: Engine
+
+
+def build_roles(cfg: Any, optimizer: Callable[[float], Any]) -> Roles:
+    """Place the actor (LoRA when ``cfg.lora``), the critic (PPO) and the reference of a
+    `rlhf.RunConfig` on one mesh (``cfg.parallel``) or on the ``cfg.split`` sub-meshes;
+    ``optimizer(lr)`` builds each trained role's optimizer."""
+    from rlhf import lora
+    from rlhf.models import lm_factory, scalar_head_factory
+    from rlhf.rollout import Sampler
+    from rlhf.split import SplitLayout
+
+    t = cfg.train
+    layout = SplitLayout(cfg.split, seed=t.seed) if cfg.split is not None else None
+
+    def engine(role: str) -> Engine:
+        return layout.engine(role) if layout else Engine(parallel=cfg.parallel, seed=t.seed)
+
+    actor_engine = engine("actor")
+    if cfg.lora is not None:
+        factory, trainable = lora.lora_factory(cfg.model, cfg.lora), lora.trainable
+    else:
+        factory, trainable = lm_factory(cfg.model), None
+    actor = actor_engine.prepare(factory, optimizer(t.lr), seed=t.seed, trainable=trainable)
+    sampler = Sampler(cfg.model, actor.params, cfg.serving)
+    critic = None
+    if cfg.stage == "ppo":
+        critic_engine = engine("critic")
+        head = scalar_head_factory(cfg.model)
+        critic = (
+            critic_engine,
+            critic_engine.prepare(head, optimizer(t.critic_lr or t.lr), seed=t.seed + 1),
+        )
+    reference: dict[str, Any] = {}
+    if layout is not None:
+        layout.check_sampler(sampler)
+        if cfg.lora is None:
+            reference = {
+                "reference": layout.reference_state(actor, lm_factory(cfg.model), t.seed),
+                "reference_engine": layout.engine("reference"),
+            }
+    return Roles((actor_engine, actor), critic, sampler, reference, engine("reward"))

@@ -1,5 +1,6 @@
 """PPO with four roles: actor (trained), critic (a value head, trained), reference
-(frozen copy of the initial actor) and reward (Python functions and/or a reward model).
+(frozen copy of the initial actor, or a LoRA actor's own base weights with adapters off)
+and reward (Python functions and/or a reward model).
 
 One iteration, as TRL's ``PPOTrainer``: roll out with the sampler; score the rollout with
 the actor (old log-probs), the reference and the critic; per-token rewards are the
@@ -20,6 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxcore import ConfigError, Engine, TrainState
+from rlhf import lora
 from rlhf import losses as L
 from rlhf.kl import AdaptiveKLController, FixedKLController
 from rlhf.layout import offload, onload
@@ -55,6 +57,8 @@ class PPOConfig:
             trainer's log-probs differ by more than the tolerance.
         offload_idle: the colocated layout: the critic and the reference wait in host
             memory (`rlhf.layout`) outside the phases that use them.
+        offload_optimizer: the actor's optimizer state waits in host memory while the
+            rollout is generated, and comes back for the update.
         seed: seeds rollouts and minibatch shuffling.
     """
 
@@ -79,6 +83,7 @@ class PPOConfig:
     tis_tolerance: float = 1e-3
     tis_cap: float = 2.0
     offload_idle: bool = False
+    offload_optimizer: bool = False
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -103,7 +108,13 @@ class PPOConfig:
 
 
 class PPOTrainer:
-    """The four roles and the controller, carried between iterations."""
+    """The four roles and the controller, carried between iterations.
+
+    ``reference``: by default a copy of the initial actor on the actor's engine; the
+    split layout passes one on its own sub-mesh with that mesh's ``reference_engine``
+    (`rlhf.split.SplitLayout.reference_state`). A LoRA actor (`rlhf.lora`) has no
+    reference state at all: its base weights, scored with adapters off, are the reference.
+    """
 
     def __init__(
         self,
@@ -114,12 +125,29 @@ class PPOTrainer:
         config: PPOConfig,
         *,
         reference: TrainState | None = None,
+        reference_engine: Engine | None = None,
     ):
         (self.actor_engine, self.actor), (self.critic_engine, self.critic) = actor, critic
         self.sampler, self.config = sampler, config
         self.rewards = as_weighted(rewards)
-        # A separate copy: the actor's train step donates its state.
-        self.reference = jax.tree.map(jnp.copy, self.actor) if reference is None else reference
+        self.shared_base = lora.has_adapters(self.actor.params)
+        if self.shared_base and (reference is not None or reference_engine is not None):
+            raise ConfigError(
+                "PPOTrainer: a LoRA actor's reference is its own base weights with adapters "
+                "off; drop reference= and reference_engine=."
+            )
+        if reference_engine is not None and reference is None:
+            raise ConfigError(
+                "PPOTrainer: reference_engine= needs reference= (a state on that engine), "
+                "e.g. SplitLayout.reference_state(actor_state, factory)."
+            )
+        if self.shared_base:
+            self.reference = None
+            self._ref_logp = lora.reference_scorer(self.actor_engine)
+        else:
+            # A separate copy: the actor's train step donates its state.
+            self.reference = jax.tree.map(jnp.copy, self.actor) if reference is None else reference
+            self._ref_logp = logprob_scorer(reference_engine or self.actor_engine)
         self.kl_ctl = config.controller()
         self.parity = ParityMonitor(config.parity_interval, config.tis_tolerance, config.tis_cap)
         self._park()
@@ -137,18 +165,14 @@ class PPOTrainer:
 
     def roles(self) -> dict[str, TrainState]:
         """The states a checkpoint holds (`rlhf.save_trainer`), in device memory."""
-        return {
-            "actor": self.actor,
-            "critic": onload(self.critic),
-            "reference": onload(self.reference),
-        }
+        roles = {"actor": self.actor, "critic": onload(self.critic)}
+        if self.reference is not None:
+            roles["reference"] = onload(self.reference)
+        return roles
 
     def set_roles(self, roles: dict[str, TrainState]) -> None:
-        self.actor, self.critic, self.reference = (
-            roles["actor"],
-            roles["critic"],
-            roles["reference"],
-        )
+        self.actor, self.critic = roles["actor"], roles["critic"]
+        self.reference = roles.get("reference")
         self._park()
         self.sampler.load(self.actor_engine.bind(self.actor))
 
@@ -188,18 +212,25 @@ class PPOTrainer:
     def step(self, prompts: Sequence[Sequence[int]]) -> dict[str, float]:
         """One rollout and ``ppo_epochs`` of updates; returns the iteration's metrics."""
         c = self.config
+        if c.offload_optimizer:  # Adam's moments are idle while the sampler runs
+            self.actor = self.actor.replace(opt_state=offload(self.actor.opt_state))
         rollout = self.sampler.generate(
             prompts,
             max_tokens=c.max_tokens,
             temperature=c.temperature,
             seed=c.seed + self.iteration,
         )
+        if c.offload_optimizer:
+            self.actor = self.actor.replace(opt_state=onload(self.actor.opt_state))
         start = time.perf_counter()
         mask = rollout.mask
         old, is_weight, check = self.parity.old_logprobs(
             self.iteration, rollout, lambda: self._logp(self.actor, rollout.tokens)
         )
-        ref = self._logp(onload(self.reference), rollout.tokens)  # a transient copy
+        if self.shared_base:
+            ref = self._ref_logp(self.actor, rollout.tokens)
+        else:
+            ref = self._ref_logp(onload(self.reference), rollout.tokens)  # a transient copy
         self.critic = onload(self.critic)
         values = self._values(self.critic, rollout.tokens) * mask
         raw = score_rollout(self.rewards, rollout)

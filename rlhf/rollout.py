@@ -2,9 +2,11 @@
 
 `Sampler` wraps an `inference.LLM` (continuous batching, per-token log-probs). `load`
 hands it the trainer's current weights in memory: the trainer's sharded arrays are
-resharded onto the sampler's mesh by ``jax.device_put`` (device to device, shard by
-shard; no file and no full copy on one device), and the compiled prefill/decode
-functions are reused (same shapes and shardings, no recompile).
+resharded onto the sampler's mesh by `rlhf.split.reshard` (device to device: XLA
+collectives on a shared device set, regrouped shard copies across device sets; no file,
+no host round trip, no full copy on one device unless the sampler has one device), and
+the compiled prefill/decode functions are reused (same shapes and shardings, no
+recompile).
 
 Generation runs to ``max_tokens`` and EOS is applied afterwards with
 `rlhf.losses.completion_mask`, as TRL truncates after the stop token: the sampler then
@@ -24,8 +26,10 @@ import numpy as np
 
 from inference import LLM, SamplingParams, ServingConfig
 from jaxcore import ConfigError
-from jaxcore.models import TransformerConfig, decoding_weights
+from jaxcore.models import TransformerConfig
+from rlhf import lora
 from rlhf.losses import completion_mask
+from rlhf.split import reshard
 
 
 class IdTokenizer:
@@ -74,7 +78,12 @@ class Rollout:
 
 
 class Sampler:
-    """An `inference.LLM` serving the actor's current weights for rollouts."""
+    """An `inference.LLM` serving the actor's current weights for rollouts.
+
+    A LoRA actor's ``params`` start the sampler on their base weights (the adapters are
+    left out); `load` then hands it the merged weights (`rlhf.lora.decoding_weights`),
+    which the trainers do on construction.
+    """
 
     def __init__(
         self,
@@ -85,15 +94,18 @@ class Sampler:
         eos_id: int | None = None,
     ):
         self.cfg, self.eos_id = cfg, eos_id
+        if lora.has_adapters(params):
+            params = lora.base_params(params)
         self.llm = LLM(params, config=cfg, engine=serving, tokenizer=IdTokenizer(cfg.vocab_size))
 
     def load(self, model: Any) -> None:
-        """Serve ``model``'s weights (e.g. ``engine.bind(state)``), resharded in memory."""
+        """Serve ``model``'s weights (e.g. ``engine.bind(state)``; a LoRA model's merged),
+        resharded in memory."""
         engine = self.llm.engine
-        weights = decoding_weights(model)
+        weights = lora.decoding_weights(model)
         if engine.dtype != jnp.float32:
             weights = jax.tree.map(lambda x: x.astype(engine.dtype) if x.ndim >= 2 else x, weights)
-        engine.weights = jax.device_put(weights, engine.placement.weights)
+        engine.weights = reshard(weights, engine.placement.weights)
 
     def generate(
         self,

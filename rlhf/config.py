@@ -20,6 +20,7 @@ from jaxcore import ConfigError, ParallelConfig
 from jaxcore.models import TransformerConfig
 from rlhf.grpo import GRPOConfig
 from rlhf.ppo import PPOConfig
+from rlhf.rewards import RewardModelSection
 
 STAGES = ("sft", "reward", "ppo", "grpo", "dpo")
 
@@ -112,6 +113,7 @@ class RunConfig:
     prompts: PromptSection = dataclasses.field(default_factory=PromptSection)
     data: DataSection = dataclasses.field(default_factory=DataSection)
     rewards: tuple[RewardSpec, ...] = ()
+    reward: RewardModelSection | None = None  # a trained reward model (PPO/GRPO)
 
 
 SECTIONS: dict[str, type] = {
@@ -124,6 +126,7 @@ SECTIONS: dict[str, type] = {
     "loss": LossSection,
     "prompts": PromptSection,
     "data": DataSection,
+    "reward": RewardModelSection,
 }
 
 
@@ -164,8 +167,11 @@ def parse_config(stage: str, raw: Any) -> RunConfig:
     if not isinstance(rewards, list):
         raise ConfigError("rewards: expected a list of {fn: 'module:name', weight: ...}.")
     fields["rewards"] = tuple(build(RewardSpec, r, f"rewards[{i}]") for i, r in enumerate(rewards))
-    if stage in ("ppo", "grpo") and not fields["rewards"]:
-        raise ConfigError(f"rewards: {stage} needs at least one reward {{fn: 'module:name'}}.")
+    if stage in ("ppo", "grpo") and not fields["rewards"] and "reward" not in fields:
+        raise ConfigError(
+            f"rewards: {stage} needs at least one reward {{fn: 'module:name'}} or a "
+            "reward: {model: PATH} section."
+        )
     return RunConfig(stage=stage, **fields)
 
 

@@ -268,7 +268,11 @@ COMPARISON = {
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true", help="small sizes, few steps (< 2 min)")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help="small sizes, 3 timed GRPO steps (target < 2 min quiet; 12 min at load 20)",
+    )
     args = p.parse_args()
     os.environ["XLA_FLAGS"] = (
         os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=1"

@@ -39,6 +39,7 @@ def reward_run(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_ppo_with_a_trained_reward_model_and_a_weighted_function(reward_run, tmp_path):
     out = tmp_path / "ppo"
     raw = {
@@ -63,6 +64,7 @@ def test_ppo_with_a_trained_reward_model_and_a_weighted_function(reward_run, tmp
     assert int(rm.state.step) == REWARD["train"]["steps"]
 
 
+@pytest.mark.slow
 def test_reward_model_path_errors_say_what_was_found(reward_run, tmp_path):
     cfg = parse_config("ppo", {**PPO, "train": {**PPO["train"], "out": "x"}})
     engine = jc.Engine(parallel=cfg.parallel)

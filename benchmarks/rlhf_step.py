@@ -273,7 +273,12 @@ def main() -> None:
         action="store_true",
         help="small sizes, 3 timed GRPO steps (target < 2 min quiet; 12 min at load 20)",
     )
+    p.add_argument("--torch-threads", type=int, help="torch.set_num_threads for TRL's side")
     args = p.parse_args()
+    if args.torch_threads:
+        import torch
+
+        torch.set_num_threads(args.torch_threads)
     os.environ["XLA_FLAGS"] = (
         os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=1"
     )

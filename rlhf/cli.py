@@ -107,13 +107,15 @@ def run_rl(
     from rlhf.tasks import random_prompts, read_jsonl
 
     t, p = cfg.train, cfg.prompts
+    # First, so a wrong reward.model path fails before anything compiles.
+    reward_model = None
+    if cfg.reward is not None:
+        reward_model = load_reward_model(cfg.reward.model, _engine(cfg), cfg.model)
     actor_engine = _engine(cfg)
     actor = actor_engine.prepare(lm_factory(cfg.model), _optimizer(t.lr), seed=t.seed)
     sampler = Sampler(cfg.model, actor.params, cfg.serving)
     rewards = [(load_reward(s), s.weight) for s in cfg.rewards]
-    reward_model = None
-    if cfg.reward is not None:
-        reward_model = load_reward_model(cfg.reward.model, _engine(cfg), cfg.model)
+    if reward_model is not None:
         rewards.append((reward_model, cfg.reward.weight))
     if cfg.stage == "ppo":
         critic_engine = _engine(cfg)

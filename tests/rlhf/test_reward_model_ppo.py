@@ -93,3 +93,13 @@ def test_ppo_config_accepts_a_reward_model_without_functions():
     assert cfg.reward.model == "m" and cfg.reward.weight == 1.0 and cfg.rewards == ()
     with pytest.raises(jc.ConfigError, match=r"reward\.modle: unknown key"):
         parse_config("ppo", {**raw, "reward": {"modle": "m"}})
+
+
+def test_cli_stops_on_a_missing_reward_model_before_compiling(tmp_path, capsys):
+    raw = {**PPO, "train": {**PPO["train"], "out": str(tmp_path / "o")}}
+    config = tmp_path / "ppo.yaml"
+    config.write_text(yaml.safe_dump({**raw, "reward": {"model": str(tmp_path / "none")}}))
+    assert main(["ppo", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "holds no reward model (no such directory)" in err and "jaxcore rlhf reward" in err
+    assert not (tmp_path / "o").exists()  # failed before the run began

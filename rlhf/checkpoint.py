@@ -7,30 +7,45 @@ controller's coefficient and the parity monitor's state go into
 ``trainer-<iteration>.json``, written last: a step without it is incomplete and ignored.
 Rollout keys and minibatch orders derive from ``(seed, iteration)``, so a resumed run
 repeats the uninterrupted one.
+
+`rlhf.cli.run_rl` saves through a `TrainerCheckpoints`: `DirectoryCheckpoints` for
+``jaxcore rlhf`` runs, `rlhf.trial.TrialCheckpoints` for `jaxcore experiment` trials.
 """
 
 from __future__ import annotations
 
 import json
 import pathlib
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, Protocol
 
 import jax
 
-from jaxcore import CheckpointConfig, Checkpointer, ConfigError
+from jaxcore import CheckpointConfig, Checkpointer, ConfigError, Engine
 
 
-def _abstract(state: Any) -> Any:
+def abstract_like(state: Any) -> Any:
+    """The restore target of ``state``: its shapes, dtypes and shardings."""
     return jax.tree.map(
         lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state
     )
 
 
-def save_trainer(trainer: Any, directory: str | pathlib.Path) -> int:
-    """Save all roles of ``trainer`` (a `PPOTrainer` or `GRPOTrainer`) at its iteration."""
+def _host_file(directory: pathlib.Path, step: int) -> pathlib.Path:
+    return directory / f"trainer-{step}.json"
+
+
+def save_trainer(
+    trainer: Any, directory: str | pathlib.Path, *, exclude: Iterable[str] = ()
+) -> int:
+    """Save all roles of ``trainer`` (a `PPOTrainer` or `GRPOTrainer`) at its iteration,
+    but those in ``exclude`` (saved elsewhere by the caller, before it relies on them)."""
     directory = pathlib.Path(directory)
     step = trainer.iteration
+    skip = set(exclude)
     for name, state in trainer.roles().items():
+        if name in skip:
+            continue
         with Checkpointer(CheckpointConfig(directory=directory / name, async_save=False)) as ckpt:
             ckpt.save(state, force=True, step=step)
     host = {
@@ -38,35 +53,76 @@ def save_trainer(trainer: Any, directory: str | pathlib.Path) -> int:
         "kl_coef": getattr(getattr(trainer, "kl_ctl", None), "value", None),
         "parity_in_tolerance": trainer.parity.in_tolerance,
     }
-    (directory / f"trainer-{step}.json").write_text(json.dumps(host))
+    _host_file(directory, step).write_text(json.dumps(host))
     return step
 
 
+def saved_iterations(directory: str | pathlib.Path) -> list[int]:
+    """Iterations with a complete checkpoint in ``directory`` (their host file exists)."""
+    return sorted(int(p.stem.split("-")[1]) for p in pathlib.Path(directory).glob("trainer-*.json"))
+
+
 def latest_iteration(directory: str | pathlib.Path) -> int | None:
-    steps = [int(p.stem.split("-")[1]) for p in pathlib.Path(directory).glob("trainer-*.json")]
-    return max(steps, default=None)
+    return max(saved_iterations(directory), default=None)
 
 
 def restore_trainer(
-    trainer: Any, directory: str | pathlib.Path, iteration: int | None = None
+    trainer: Any,
+    directory: str | pathlib.Path,
+    iteration: int | None = None,
+    *,
+    restored: dict[str, Any] | None = None,
 ) -> int:
     """Load the roles and host state saved at ``iteration`` (default: the latest) into a
-    freshly built ``trainer`` of the same configuration; returns the iteration."""
+    freshly built ``trainer`` of the same configuration; returns the iteration.
+
+    ``restored`` holds roles the caller already loaded from elsewhere (a trial's actor).
+    """
     directory = pathlib.Path(directory)
     step = latest_iteration(directory) if iteration is None else iteration
-    if step is None or not (directory / f"trainer-{step}.json").is_file():
+    if step is None or not _host_file(directory, step).is_file():
         raise ConfigError(
             f"restore_trainer: no RLHF checkpoint {'' if step is None else step} in "
             f"{directory}; save one with rlhf.save_trainer(trainer, directory)."
         )
-    host = json.loads((directory / f"trainer-{step}.json").read_text())
-    roles = {}
+    host = json.loads(_host_file(directory, step).read_text())
+    roles = dict(restored or {})
     for name, state in trainer.roles().items():
+        if name in roles:
+            continue
         with Checkpointer(CheckpointConfig(directory=directory / name, async_save=False)) as ckpt:
-            roles[name] = ckpt.restore(step, _abstract(state))
+            roles[name] = ckpt.restore(step, abstract_like(state))
     trainer.set_roles(roles)
     trainer.iteration = host["iteration"]
     trainer.parity.in_tolerance = host.get("parity_in_tolerance", True)  # older files
     if host["kl_coef"] is not None:
         trainer.kl_ctl.value = host["kl_coef"]
     return step
+
+
+class TrainerCheckpoints(Protocol):
+    """Where `rlhf.cli.run_rl` saves a trainer and resumes it from."""
+
+    def restore(self, trainer: Any, actor_engine: Engine) -> int:
+        """Load the newest complete checkpoint into ``trainer``: its iteration (0: none)."""
+        ...
+
+    def save(self, trainer: Any) -> None:
+        """Save every role and the host state at ``trainer.iteration``."""
+        ...
+
+
+class DirectoryCheckpoints:
+    """All roles under one directory (``<train.out>/checkpoints`` of ``jaxcore rlhf``)."""
+
+    def __init__(self, directory: str | pathlib.Path):
+        self.directory = pathlib.Path(directory)
+
+    def restore(self, trainer: Any, actor_engine: Engine) -> int:
+        del actor_engine  # each role's record carries its own layout
+        if latest_iteration(self.directory) is None:
+            return 0
+        return restore_trainer(trainer, self.directory)
+
+    def save(self, trainer: Any) -> None:
+        save_trainer(trainer, self.directory)

@@ -22,12 +22,15 @@ import pathlib
 import signal
 import sys
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from jaxcore import ConfigError, JaxcoreError
 from rlhf.config import STAGES, RunConfig, load_config
+
+if TYPE_CHECKING:
+    from rlhf.checkpoint import TrainerCheckpoints
 
 KILL_ENV = "JAXCORE_RLHF_KILL_AT"
 
@@ -85,23 +88,33 @@ def _optimizer(lr: float) -> Any:
 
 
 def run_rl(
-    cfg: RunConfig, report: Callable[[int, dict[str, float]], bool] | None = None
+    cfg: RunConfig,
+    report: Callable[[int, dict[str, float]], bool] | None = None,
+    checkpoints: TrainerCheckpoints | None = None,
 ) -> dict[str, float]:
-    """PPO or GRPO for ``train.steps`` iterations, resuming from ``out/checkpoints``.
+    """PPO or GRPO for ``train.steps`` iterations, resuming from ``checkpoints`` (default:
+    `DirectoryCheckpoints` on ``out/checkpoints``).
 
     ``report(iterations_done, metrics)`` (e.g. a `jaxcore experiment` trial's) is called
     after each iteration; returning True checkpoints and stops the run there.
     """
-    from rlhf.checkpoint import latest_iteration, restore_trainer, save_trainer
+    from rlhf.checkpoint import DirectoryCheckpoints
     from rlhf.grpo import GRPOTrainer
     from rlhf.layout import build_roles
     from rlhf.ppo import PPOTrainer
+    from rlhf.rewards import load_reward_model
     from rlhf.tasks import random_prompts, read_jsonl
 
     t, p = cfg.train, cfg.prompts
+    # First, so a wrong reward.model path fails before anything compiles.
+    reward_model = None
+    if cfg.reward is not None:
+        reward_model = load_reward_model(cfg.reward.model, _engine(cfg), cfg.model)
     roles = build_roles(cfg, _optimizer)  # colocated or split, LoRA or full actor
     sampler = roles.sampler
     rewards = [(load_reward(s), s.weight) for s in cfg.rewards]
+    if reward_model is not None:
+        rewards.append((reward_model, cfg.reward.weight))
     if cfg.stage == "ppo":
         trainer: Any = PPOTrainer(
             roles.actor, roles.critic, sampler, rewards, cfg.ppo, **roles.reference
@@ -116,18 +129,21 @@ def run_rl(
         return random_prompts(i, p.count, p.length, p.low, cfg.model.vocab_size, p.seed)
 
     out = pathlib.Path(t.out)
-    ckpt = out / "checkpoints"
-    start = restore_trainer(trainer, ckpt) if latest_iteration(ckpt) is not None else 0
+    if checkpoints is None:
+        checkpoints = DirectoryCheckpoints(out / "checkpoints")
+    start = checkpoints.restore(trainer, roles.actor[0])
     log = MetricsLog(out / "metrics.jsonl", start)
     metrics: dict[str, float] = {}
     for i in range(start, t.steps):
         metrics = trainer.step(prompts(i))
+        if reward_model is not None:  # the reward model's own (unweighted) mean score
+            metrics["reward_model_mean"] = float(reward_model.last_scores.mean())
         log.write(i, metrics)
         done = i + 1
         stop = report(done, metrics) if report is not None else False
         _fault_point(done, "before_save")
         if stop or (t.checkpoint_every and (done % t.checkpoint_every == 0 or done == t.steps)):
-            save_trainer(trainer, ckpt)
+            checkpoints.save(trainer)
             _fault_point(done, "saved")
         if stop:
             break
@@ -200,6 +216,7 @@ def run_supervised(cfg: RunConfig) -> dict[str, float]:
     from rlhf.dpo import dpo_objective, with_reference
     from rlhf.models import lm_factory, scalar_head_factory
     from rlhf.reward import reward_loss
+    from rlhf.rewards import stage_record
     from rlhf.sft import pack, sft_loss
 
     t, loss = cfg.train, cfg.loss
@@ -246,7 +263,9 @@ def run_supervised(cfg: RunConfig) -> dict[str, float]:
     log.write(t.steps, held_metrics)
     log.close()
     with jc.Checkpointer(
-        jc.CheckpointConfig(directory=out / "checkpoints", async_save=False), engine=engine
+        jc.CheckpointConfig(directory=out / "checkpoints", async_save=False),
+        engine=engine,
+        run_config=stage_record(cfg.stage, cfg.model),  # what reward.model: checks
     ) as ckpt:
         ckpt.save(state, force=True, step=t.steps)
     return held_metrics

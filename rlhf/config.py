@@ -23,6 +23,7 @@ from jaxcore.models import TransformerConfig
 from rlhf.grpo import GRPOConfig
 from rlhf.lora import LoRAConfig
 from rlhf.ppo import PPOConfig
+from rlhf.rewards import RewardModelSection
 from rlhf.split import SplitConfig
 
 STAGES = ("sft", "reward", "ppo", "grpo", "dpo")
@@ -118,6 +119,7 @@ class RunConfig:
     rewards: tuple[RewardSpec, ...] = ()
     lora: LoRAConfig | None = None
     split: SplitConfig | None = None
+    reward: RewardModelSection | None = None  # a trained reward model (PPO/GRPO)
 
 
 SECTIONS: dict[str, type] = {
@@ -132,6 +134,7 @@ SECTIONS: dict[str, type] = {
     "data": DataSection,
     "lora": LoRAConfig,
     "split": SplitConfig,
+    "reward": RewardModelSection,
 }
 
 
@@ -172,8 +175,11 @@ def parse_config(stage: str, raw: Any) -> RunConfig:
     if not isinstance(rewards, list):
         raise ConfigError("rewards: expected a list of {fn: 'module:name', weight: ...}.")
     fields["rewards"] = tuple(build(RewardSpec, r, f"rewards[{i}]") for i, r in enumerate(rewards))
-    if stage in ("ppo", "grpo") and not fields["rewards"]:
-        raise ConfigError(f"rewards: {stage} needs at least one reward {{fn: 'module:name'}}.")
+    if stage in ("ppo", "grpo") and not fields["rewards"] and "reward" not in fields:
+        raise ConfigError(
+            f"rewards: {stage} needs at least one reward {{fn: 'module:name'}} or a "
+            "reward: {model: PATH} section."
+        )
     _check_layout(stage, raw, fields)
     return RunConfig(stage=stage, **fields)
 

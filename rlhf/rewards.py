@@ -2,10 +2,15 @@
 
 A Python reward is ``fn(prompt_ids, completion_ids) -> float``; a `ModelReward` scores
 whole rollouts on its engine's mesh. `score_rollout` sums ``weight * reward`` over all.
+`load_reward_model` turns the output directory of ``jaxcore rlhf reward`` into a
+`ModelReward` (its checkpoint records the stage and the model's shape, see `rlhf.cli`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import pathlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -13,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxcore import ConfigError, Engine, TrainState
+from jaxcore.models import TransformerConfig
 from rlhf.rollout import Rollout
 
 RewardFn = Callable[[list[int], list[int]], float]
@@ -30,11 +36,76 @@ class ModelReward:
             return jnp.zeros(()), {"score": model.score(batch["tokens"], batch["lengths"])}
 
         self._score = engine.eval_step(loss_fn)
+        self.last_scores: np.ndarray | None = None  # the latest rollout's, for metrics
 
     def __call__(self, rollout: Rollout) -> np.ndarray:
         lengths = rollout.prompt_lengths + rollout.mask.sum(1).astype(np.int32)
         batch = {"tokens": rollout.tokens, "lengths": lengths.astype(np.int32)}
-        return np.asarray(self._score(self.state, batch)["score"])
+        self.last_scores = np.asarray(self._score(self.state, batch)["score"])
+        return self.last_scores
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class RewardModelSection:
+    """The ``reward:`` section of a PPO/GRPO config: ``model`` is the ``train.out`` of a
+    ``jaxcore rlhf reward`` run, its score added with ``weight`` to any ``rewards``."""
+
+    model: str
+    weight: float = 1.0
+
+
+REWARD_STAGE = "reward"  # what `rlhf.cli.run_supervised` records in a reward checkpoint
+
+
+def _no_reward_model(path: pathlib.Path, found: str) -> ConfigError:
+    return ConfigError(
+        f"reward.model: {path} holds no reward model ({found}). Point it at the train.out "
+        "of a reward run, made with: jaxcore rlhf reward configs/rlhf/reward.yaml"
+    )
+
+
+def load_reward_model(
+    path: str | pathlib.Path, engine: Engine, policy: TransformerConfig
+) -> ModelReward:
+    """The newest checkpoint under ``<path>/checkpoints`` of a ``jaxcore rlhf reward`` run,
+    restored onto ``engine``'s mesh as a frozen `ModelReward` for a ``policy`` whose
+    vocabulary it must share."""
+    import optax
+
+    from jaxcore import CheckpointConfig, Checkpointer
+    from rlhf.models import scalar_head_factory
+
+    path = pathlib.Path(path)
+    if not path.is_dir():
+        raise _no_reward_model(path, "no such directory")
+    ckpt_dir = path / "checkpoints"
+    contents = sorted(p.name for p in path.iterdir())
+    if not ckpt_dir.is_dir():
+        raise _no_reward_model(path, f"no checkpoints/ directory; found {contents}")
+    with Checkpointer(CheckpointConfig(directory=ckpt_dir, async_save=False)) as ckpt:
+        step = ckpt.latest_step()
+        if step is None:
+            raise _no_reward_model(path, "checkpoints/ holds no finished step")
+        run = ckpt.read_record(step).get("run") or {}
+        if run.get("stage") != REWARD_STAGE:
+            what = f"a '{run['stage']}' run's checkpoint" if run.get("stage") else "a checkpoint"
+            raise _no_reward_model(path, f"{what} at step {step}, not a reward model's")
+        cfg = TransformerConfig(**run["model"])
+        if cfg.vocab_size != policy.vocab_size:
+            raise ConfigError(
+                f"reward.model: {path} scores a vocabulary of {cfg.vocab_size} ids but the "
+                f"policy's model.vocab_size is {policy.vocab_size}; train the reward model "
+                "with the policy's tokenizer and vocabulary."
+            )
+        # The optimizer only shapes the restore target (the reward run trained with adam).
+        state, _ = ckpt.restore_or_init(engine, scalar_head_factory(cfg), optax.adam(0.0))
+    return ModelReward(engine, state)
+
+
+def stage_record(stage: str, model: TransformerConfig) -> dict[str, Any]:
+    """The ``run_config`` a ``jaxcore rlhf`` checkpoint carries: its stage and model shape
+    (what `load_reward_model` checks and rebuilds the model from)."""
+    return {"stage": stage, "model": json.loads(json.dumps(dataclasses.asdict(model)))}
 
 
 def as_weighted(rewards: Any) -> list[tuple[Any, float]]:

@@ -41,5 +41,5 @@ def test_ppo_runs_as_an_experiment_trial(tmp_path, capsys, monkeypatch):
     assert first["kl_coef"] == 0.1  # the trial's overrides reached PPOConfig
     assert first["parity_checked"] == 1 and first["logprob_diff_max"] < 1e-4
     assert rows[1]["values"]["parity_checked"] == 0  # parity_interval=2: skipped
-    trial_dir = next((tmp_path / "work").rglob("rlhf/checkpoints/trainer-2.json"))
+    trial_dir = next((tmp_path / "work").rglob("checkpoints/2/rlhf/trainer-2.json"))
     assert json.loads(trial_dir.read_text())["iteration"] == 2

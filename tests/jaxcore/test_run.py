@@ -330,14 +330,17 @@ sys.exit(cli.main(sys.argv[1:]))
 """
 
 
-@pytest.mark.slow
-@pytest.mark.multiprocess
-def test_killing_process_1_during_the_data_phase_fails_process_0_clearly(tmp_path):
+def _paused_pair(tmp_path: pathlib.Path) -> list[subprocess.Popen]:
+    """Two ranks, no supervisor (as on a pod: nothing stops a rank but itself), with
+    process 0 paused at its data phase once it has written ``tmp_path / 'reached'``."""
     from jaxcore.launch import free_port, rank_envs
 
-    reached, go = tmp_path / "reached", tmp_path / "go"
     envs = rank_envs(2, f"127.0.0.1:{free_port()}", devices_per_process=4)
-    extra = {"REACHED": str(reached), "GO": str(go), "JAXCORE_RUN_PEER_TIMEOUT": "3"}
+    extra = {
+        "REACHED": str(tmp_path / "reached"),
+        "GO": str(tmp_path / "go"),
+        "JAXCORE_RUN_PEER_TIMEOUT": "3",
+    }
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", _PAUSED_RANK, *_cli_args(tmp_path)],
@@ -349,14 +352,42 @@ def test_killing_process_1_during_the_data_phase_fails_process_0_clearly(tmp_pat
         )
         for env in envs
     ]
+    deadline = time.monotonic() + 240
+    while not (tmp_path / "reached").exists():
+        if time.monotonic() > deadline or procs[0].poll() is not None:
+            for p in procs:
+                p.kill()
+            pytest.fail("process 0 never reached its data phase")
+        time.sleep(0.1)
+    return procs
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_killing_process_0_during_the_data_phase_ends_process_1_at_once(tmp_path):
+    procs = _paused_pair(tmp_path)
     try:
-        deadline = time.monotonic() + 240
-        while not reached.exists():  # no supervisor here: nothing stops rank 0 but itself
-            assert time.monotonic() < deadline and procs[0].poll() is None, "never paused"
-            time.sleep(0.1)
+        procs[0].kill()
+        procs[0].wait()
+        out, _ = procs[1].communicate(timeout=120)  # bounded: a hang fails here
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert procs[1].returncode != 0
+    # What it waited for, then JAX's verdict when the coordination service went away.
+    assert "process 1: waiting for process 0 to finish the data phase" in out, out[-3000:]
+    assert "another task died" in out, out[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_killing_process_1_during_the_data_phase_fails_process_0_clearly(tmp_path):
+    procs = _paused_pair(tmp_path)
+    try:
         procs[1].kill()
         procs[1].wait()
-        go.touch()
+        (tmp_path / "go").touch()
         out, _ = procs[0].communicate(timeout=120)  # bounded: a hang fails here
     finally:
         for p in procs:

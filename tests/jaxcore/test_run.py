@@ -438,3 +438,61 @@ def test_run_dir_not_shared_between_processes_is_a_clear_error(tmp_path):
     assert "process 1 of 2 failed" in outs[0] and "is not shared with process 0" in outs[0]
     assert "needs run_dir and data.output_dir on storage every host mounts" in outs[1]
     assert not (tmp_path / "run" / "phases").exists()  # no phase ran
+
+
+# ----------------------------------------------------------------------------- hosts protocol
+class _FakeKV:
+    """jax.distributed's key-value client, in memory (the calls `Hosts` makes)."""
+
+    def __init__(self):
+        self.data: dict[str, str] = {}
+
+    def key_value_set(self, key, value, allow_overwrite=False):
+        if key in self.data and not allow_overwrite:
+            raise RuntimeError(f"ALREADY_EXISTS: {key}")
+        self.data[key] = value
+
+    def key_value_try_get(self, key):
+        if key not in self.data:
+            raise RuntimeError(f"NOT_FOUND: Config key {key} not found.")
+        return self.data[key]
+
+    def blocking_key_value_get(self, key, timeout_in_ms):
+        if key not in self.data:
+            time.sleep(0.001)
+            raise RuntimeError(f"DEADLINE_EXCEEDED: GetKeyValue() timed out with key: {key}")
+        return self.data[key]
+
+
+def test_hosts_protocol_acks_failures_and_lost_heartbeats():
+    from jaxcore.run.hosts import Hosts, LeaderFailedError, PeerLostError
+
+    kv = _FakeKV()
+    leader = Hosts(kv, 0, 2, 1, peer_timeout_s=0.3)
+    follower = Hosts(kv, 1, 2, 1, say=lambda text: None)
+    try:
+        leader.publish("phase", phase="data", action="run")
+        assert follower.receive("the next phase") == {
+            "kind": "phase",
+            "phase": "data",
+            "action": "run",
+        }
+        leader.wait_followers("at the start of the data phase")  # acked: returns
+        assert leader.agree(lambda: True, "stop") is True
+        assert follower.agree(lambda: pytest.fail("a follower never decides"), "stop") is True
+        follower.close()  # its heartbeat stops, as when the process is killed
+        leader.publish("phase_done", phase="data")
+        t0 = time.monotonic()
+        with pytest.raises(PeerLostError, match="process 1 of 2 stopped answering after the"):
+            leader.wait_followers("after the data phase")
+        assert 0.3 <= time.monotonic() - t0 < 5
+        kv.key_value_set("jaxcore-run/1/failed/1", "ConfigError: boom", True)
+        with pytest.raises(PeerLostError, match="process 1 of 2 failed at x: ConfigError: boom"):
+            leader.wait_followers("at x")
+        leader.publish("error", message="OSError: disk full")
+        follower.receive("the tokenizer phase")  # phase_done
+        with pytest.raises(LeaderFailedError, match=r"process 0 failed .* OSError: disk full"):
+            follower.receive("the next phase")
+    finally:
+        follower.close()
+        leader.close()

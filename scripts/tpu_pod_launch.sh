@@ -27,13 +27,15 @@ if [ $# -lt 1 ]; then
 fi
 CMD=$(printf '%q ' python3 -u "$@")
 
-# 1. Install the same pinned environment on every worker (once per VM; comment out after).
-gcloud compute tpus tpu-vm ssh "$TPU_NAME" --zone="$ZONE" $PROJECT_FLAG --worker=all \
-  --command="pip install -q 'jaxcore[tpu]'"
-
-# 2. Copy the working directory (scripts, configs) to every worker.
+# 1. Copy the working directory (this checkout: code, scripts, configs) to every worker.
 gcloud compute tpus tpu-vm scp --recurse . "$TPU_NAME:$REMOTE_DIR" \
   --zone="$ZONE" $PROJECT_FLAG --worker=all
+
+# 2. Install that copy with JAX's TPU wheels on every worker (jaxcore is not on PyPI: a
+#    package of that name there would be someone else's). EXTRAS: what `jaxcore run` needs.
+EXTRAS=${EXTRAS:-tpu,data,experiments,serve,run}
+gcloud compute tpus tpu-vm ssh "$TPU_NAME" --zone="$ZONE" $PROJECT_FLAG --worker=all \
+  --command="pip install -q -e '$REMOTE_DIR[$EXTRAS]'"
 
 # 3. Start the same command on all workers at once. A pod run only starts when every host
 #    joins, and JAXCORE_INIT_TIMEOUT bounds the wait with an error naming the coordinator.

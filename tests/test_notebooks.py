@@ -11,7 +11,9 @@ tests/conftest.py and this checkout on ``PYTHONPATH``.
 from __future__ import annotations
 
 import json
+import os
 import pathlib
+import re
 import sys
 
 import pytest
@@ -123,3 +125,150 @@ def test_notebook_executes(name, tmp_path):
     run_dir = name.replace(".ipynb", "_run").replace("finetune_hf", "finetune")
     assert (workdir / run_dir).is_dir(), f"{name} did not write its files under its cwd"
     assert not list(EXAMPLES.glob("*_run")), f"{name} wrote into examples/"
+
+
+# ----------------------------------------------------------------------------- install cell
+# A stand-in for pip (``python -m pip``): records each command, and "installs" jaxcore
+# for ``--no-deps`` by writing its metadata (the real Requires-Dist of pyproject.toml).
+_PIP_SHIM = """
+import json, os, pathlib, sys
+argv = sys.argv[1:]
+record = {"argv": argv}
+if "-c" in argv:
+    record["constraints"] = pathlib.Path(argv[argv.index("-c") + 1]).read_text()
+with open(os.environ["PIP_LOG"], "a") as f:
+    f.write(json.dumps(record) + "\\n")
+if "--no-deps" in argv:
+    info = pathlib.Path(__file__).parents[1] / "jaxcore-0.1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(os.environ["JAXCORE_METADATA"])
+sys.exit(int(os.environ.get("PIP_EXIT", "0")) if "-c" in argv else 0)
+"""
+
+
+def _metadata() -> str:
+    import tomllib
+
+    project = tomllib.loads((EXAMPLES.parent / "pyproject.toml").read_text())["project"]
+    lines = ["Metadata-Version: 2.1", "Name: jaxcore", f"Version: {project['version']}"]
+    lines += [f"Requires-Dist: {r}" for r in project["dependencies"]]
+    for extra, reqs in project["optional-dependencies"].items():
+        lines += [f"Provides-Extra: {extra}"]
+        lines += [f'Requires-Dist: {r}; extra == "{extra}"' for r in reqs]
+    return "\n".join(lines) + "\n"
+
+
+@pytest.fixture(scope="module")
+def bare_python(tmp_path_factory) -> pathlib.Path:
+    """A Python where jaxcore is NOT importable and which has no pip of its own."""
+    import subprocess
+
+    venv = tmp_path_factory.mktemp("bare") / "venv"
+    subprocess.run([sys._base_executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    return venv / "bin" / "python"
+
+
+def _run_install_cell(
+    name: str, python: pathlib.Path, tmp_path: pathlib.Path, *, cwd: pathlib.Path, **env: str
+):
+    """Run ``name``'s first code cell with ``python``; returns (the process, pip's calls)."""
+    import subprocess
+
+    site = tmp_path / "site"
+    (site / "pip").mkdir(parents=True)
+    (site / "pip" / "__init__.py").write_text("")
+    (site / "pip" / "__main__.py").write_text(_PIP_SHIM)
+    for dist, version in (env.pop("runtime", None) or {}).items():  # Colab's own packages
+        info = site / f"{dist}-{version}.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist}\nVersion: {version}\n")
+    code = next(c for c in _read(name).cells if c.cell_type == "code")
+    log = tmp_path / "pip.log"
+    proc = subprocess.run(
+        [str(python), "-c", code.source],
+        env={
+            "PATH": os.environ["PATH"],
+            "PYTHONPATH": str(site),  # not this checkout: jaxcore must not import
+            "PIP_LOG": str(log),
+            "JAXCORE_METADATA": _metadata(),
+            **env,
+        },
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    calls = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
+    return proc, calls
+
+
+GIT = "git+https://github.com/example/jaxcore"
+
+
+@pytest.mark.parametrize(
+    ("name", "extras"),
+    [("quickstart.ipynb", "data,experiments,serve"), ("finetune_hf.ipynb", "serve,inference-test")],
+)
+def test_install_cell_on_colab_keeps_the_runtime_jax(name, extras, bare_python, tmp_path):
+    runtime = {"jax": "0.4.38", "jaxlib": "0.4.38", "torch": "2.6.0+cu124"}
+    proc, calls = _run_install_cell(
+        name, bare_python, tmp_path, cwd=tmp_path, JAXCORE_SOURCE=GIT, runtime=runtime
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert calls[0]["argv"] == ["install", "-q", "--no-deps", GIT]
+    second = calls[1]["argv"]
+    assert second[:4] == ["install", "-q", "-c", second[3]] and len(calls) == 2
+    assert calls[1]["constraints"] == "jax==0.4.38\njaxlib==0.4.38\ntorch==2.6.0+cu124\n"
+    wanted = second[4:]
+    names = {re.split(r"[\[<>=!~ ]", r, maxsplit=1)[0].lower() for r in wanted}
+    assert not names & {"jax", "jaxlib", "torch"}, wanted  # never replaced
+    assert "flax==0.12.8" in wanted and "cloudpickle==3.1.3" in wanted  # the base ones
+    pyproject = _metadata()
+    for extra in extras.split(","):  # every requirement of the chosen extras, no other
+        for line in pyproject.splitlines():
+            if line.endswith(f'extra == "{extra}"'):
+                req = line.removeprefix("Requires-Dist: ").split(";")[0]
+                assert req in wanted or req.startswith(("torch==", "jax")), req
+    assert "ray[data]==2.60.0" not in wanted and "playwright==1.65.2" not in wanted
+    assert "kept this runtime's jax 0.4.38 (jaxcore is tested with jax==0.10.2)" in proc.stdout
+    assert f"installed jaxcore from {GIT}" in proc.stdout
+
+
+def test_install_cell_names_the_jax_to_install_when_pip_cannot_keep_colabs(bare_python, tmp_path):
+    proc, calls = _run_install_cell(
+        "quickstart.ipynb",
+        bare_python,
+        tmp_path,
+        cwd=tmp_path,
+        JAXCORE_SOURCE=GIT,
+        PIP_EXIT="1",
+        runtime={"jax": "0.4.38"},
+    )
+    assert proc.returncode != 0 and len(calls) == 2
+    assert "pip could not keep this runtime's jax 0.4.38" in proc.stderr
+    assert "pip install -U 'jax[tpu]==0.10.2' on a TPU, 'jax[cuda12]==0.10.2' on a GPU" in (
+        proc.stderr
+    )
+
+
+def test_install_cell_in_a_fresh_environment_and_in_a_checkout(bare_python, tmp_path):
+    proc, calls = _run_install_cell(
+        "quickstart.ipynb", bare_python, tmp_path / "a", cwd=tmp_path, JAXCORE_SOURCE=GIT
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert [c["argv"] for c in calls] == [
+        ["install", "-q", f"jaxcore[data,experiments,serve] @ {GIT}"]
+    ]
+    checkout = tmp_path / "checkout"
+    (checkout / "examples").mkdir(parents=True)
+    (checkout / "pyproject.toml").write_text("[project]\nname = 'jaxcore'\n")
+    proc, calls = _run_install_cell(
+        "quickstart.ipynb", bare_python, tmp_path / "b", cwd=checkout / "examples"
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert [c["argv"] for c in calls] == [
+        ["install", "-q", "-e", f"{checkout.resolve()}[data,experiments,serve]"]
+    ]
+    proc, calls = _run_install_cell("quickstart.ipynb", bare_python, tmp_path / "c", cwd=tmp_path)
+    assert proc.returncode != 0 and not calls
+    assert "set JAXCORE_SOURCE to a git URL" in proc.stderr

@@ -86,7 +86,12 @@ def export_checkpoint(step_dir: str | os.PathLike, path: str | os.PathLike) -> p
             node = node.setdefault(part, {})
         node[parts[-1]] = jax.ShapeDtypeStruct(tuple(shape), np.dtype(dtype))
     restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), target)
-    with ocp.PyTreeCheckpointer() as ckptr:
+    # This process alone reads (a registry export is host-local: under several processes
+    # only process 0 runs it); the default options would wait at Orbax's barriers for all.
+    me = jax.process_index()
+    mp = ocp.options.MultiprocessingOptions(primary_host=me, active_processes={me})
+    handler = ocp.PyTreeCheckpointHandler(multiprocessing_options=mp)
+    with ocp.Checkpointer(handler, multiprocessing_options=mp) as ckptr:
         out = ckptr.restore(
             step_dir / "state",
             args=ocp.args.PyTreeRestore(

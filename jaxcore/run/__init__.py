@@ -8,6 +8,11 @@
 Built on the existing packages only: ``data`` (curation, snapshots, BPE and token shards),
 the Engine and reference model, ``jaxcore.experiments`` (store, ASHA, registry) and
 ``inference`` (LLM, OpenAI-compatible server). See docs/architecture.md.
+
+Under several processes (``jaxcore launch -n 2 -m jaxcore.cli run ...``, srun, a TPU pod)
+process 0 runs the host-local phases and the others follow it; all train
+(`jaxcore.run.hosts`). A lost process is a `PeerLostError`, a failed process 0 a
+`LeaderFailedError` on the others.
 """
 
 from jaxcore.run.config import (
@@ -21,6 +26,7 @@ from jaxcore.run.config import (
     load_run_config,
     parse_run_config,
 )
+from jaxcore.run.hosts import LeaderFailedError, PeerLostError
 from jaxcore.run.lineage import code_version, format_chain
 from jaxcore.run.phases import PHASES
 
@@ -42,7 +48,9 @@ def dry_run(config: RunConfig, **kwargs):
 __all__ = [
     "PHASES",
     "DataSection",
+    "LeaderFailedError",
     "ModelSection",
+    "PeerLostError",
     "RunConfig",
     "SearchSection",
     "ServeSection",

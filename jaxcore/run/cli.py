@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import sys
+import traceback
 
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
@@ -52,7 +53,13 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["XLA_FLAGS"] = f"{flags} {flag}".strip()
     import jax
 
+    import jaxcore
+    from jaxcore.run.hosts import LeaderFailedError, PeerLostError
     from jaxcore.run.pipeline import dry_run, run_pipeline
+
+    # Several processes (jaxcore launch, srun, a TPU pod's workers): join them first; a
+    # no-op for one process.
+    jaxcore.initialize()
 
     if jax.config.jax_compilation_cache_dir is None:
         # Trials of one shape differ only in values held in the optimizer state, so the
@@ -62,24 +69,47 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         if args.dry_run:
+            if jax.process_index() != 0:
+                return 0  # process 0 prints the plan
             plan = dry_run(config)
             if args.json:
                 print(json.dumps(plan, indent=1, default=str))
             return 0
         result = run_pipeline(config)
     except ConfigError as e:
-        print(f"jaxcore run: {e}", file=sys.stderr)
-        return 2
+        return _fail(2, f"jaxcore run: {e}")
+    except (LeaderFailedError, PeerLostError) as e:
+        return _fail(1, f"jaxcore run: process {jax.process_index()}: {e}")
     except KeyboardInterrupt:
-        print(
+        return _fail(
+            130,
             "jaxcore run: interrupted. Run the same command again: finished phases are "
             "reused and the interrupted one resumes from its last checkpoint.",
-            file=sys.stderr,
         )
-        return 130
+    except Exception:
+        traceback.print_exc()
+        return _fail(1, f"jaxcore run: process {jax.process_index()} failed (traceback above)")
     if args.json:
         print(json.dumps(result.summary, indent=1, default=str))
     return 0
+
+
+def _fail(code: int, message: str) -> int:
+    """Print ``message``; with several processes, leave at once with ``code``.
+
+    A normal exit would enter jax.distributed's shutdown barrier, which waits for every
+    process: for a lost one until JAX's heartbeat timeout, for one blocked in a collective
+    with this one for the shutdown timeout (5 min). Leaving at once closes this process's
+    connections, so the others fail now too (a collective loses its peer, or the
+    coordination service in process 0 goes away and JAX terminates them).
+    """
+    import jax
+
+    print(message, file=sys.stderr, flush=True)
+    if jax.process_count() > 1:
+        sys.stdout.flush()
+        os._exit(code)
+    return code
 
 
 if __name__ == "__main__":

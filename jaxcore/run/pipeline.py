@@ -16,6 +16,8 @@ from rich.console import Console
 
 from jaxcore.run import phases as ph
 from jaxcore.run.config import RunConfig
+from jaxcore.run.follower import follow
+from jaxcore.run.hosts import Hosts, Solo, close_hosts, open_hosts, write_probe
 from jaxcore.run.summary import render, summary_sections, write_summary
 
 
@@ -30,9 +32,42 @@ class RunResult:
     text: str
 
 
+# Test seam: called with each phase's name before process 0 runs it (fault-injection
+# tests pause a phase here to kill another process at a known moment).
+before_phase: Any = None
+
+
 def run_pipeline(config: RunConfig, *, console: Console | None = None) -> RunResult:
-    """Run every phase of ``config`` (reusing finished ones) and print the summary."""
+    """Run every phase of ``config`` (reusing finished ones) and print the summary.
+
+    Under several processes (`jaxcore.initialize` first) process 0 runs the host-local
+    phases and the others follow it (`jaxcore.run.hosts`); all of them train.
+    """
     console = console or Console()
+    hosts = open_hosts(say=lambda text: console.print(text, markup=False, highlight=False))
+    try:
+        if not hosts.is_leader:
+            try:
+                done = follow(config.path, hosts)
+            except Exception as e:  # process 0 learns it at its next wait
+                hosts.report_failure(f"{type(e).__name__}: {e}")
+                raise
+            return RunResult({}, (), {}, {"process": done}, "")
+        try:
+            if isinstance(hosts, Hosts):
+                folders = [config.path, pathlib.Path(config.data.output_dir)]
+                token = write_probe(folders)
+                hosts.publish("hello", folders=[str(f) for f in folders], token=token)
+                hosts.wait_followers("checking that run_dir and data.output_dir are shared")
+            return _lead(config, console, hosts)
+        except BaseException as e:
+            hosts.publish("error", message=f"{type(e).__name__}: {e}")  # followers stop too
+            raise
+    finally:
+        close_hosts()
+
+
+def _lead(config: RunConfig, console: Console, hosts: Solo | Hosts) -> RunResult:
     run_dir = config.path
     run_dir.mkdir(parents=True, exist_ok=True)
     ctx = ph.RunContext(config=config, console=console)
@@ -41,12 +76,18 @@ def run_pipeline(config: RunConfig, *, console: Console | None = None) -> RunRes
         fp = ph.fingerprint(config, phase, ctx.outputs)
         record = ph.read_record(run_dir, phase)
         title = f"[bold cyan]phase {i}/{len(ph.PHASES)}: {phase}[/]"
-        if record is not None and record["fingerprint"] == fp:
+        reuse = record is not None and record["fingerprint"] == fp
+        # Process 0 decides what is reused; the others do as it says.
+        hosts.publish("phase", phase=phase, action="skip" if reuse else "run")
+        hosts.wait_followers(f"at the start of the {phase} phase")
+        if reuse:
             console.print(f"{title} finished in an earlier run: skipped")
             ctx.outputs[phase] = record["output"]
             skipped.append(phase)
             continue
         console.print(title)
+        if before_phase is not None:
+            before_phase(phase)
         t0 = time.perf_counter()
         ctx.outputs[phase] = ph.RUNNERS[phase](ctx)
         seconds[phase] = round(time.perf_counter() - t0, 2)
@@ -60,12 +101,16 @@ def run_pipeline(config: RunConfig, *, console: Console | None = None) -> RunRes
                 "output": ctx.outputs[phase],
             },
         )
+        hosts.publish("phase_done", phase=phase)
+        hosts.wait_followers(f"after the {phase} phase")
         console.print(f"  {phase} done in {seconds[phase]:.1f} s")
     sections = summary_sections(ctx.outputs, run_dir)
     write_summary(run_dir, sections)
     text = render(sections, skipped)
     console.rule(f"[bold]jaxcore run {config.name}: summary")
     console.print(text, markup=False, highlight=False)
+    hosts.publish("end")
+    hosts.wait_followers("at the end of the run")
     return RunResult(ctx.outputs, tuple(skipped), seconds, sections, text)
 
 

@@ -7,6 +7,10 @@ model shape; ``batch``, ``seq``, ``zero``...), so the same trial runs under the 
 phase's ``single`` searcher and the search phase's ASHA, and restarts from its latest
 checkpoint when an interrupted phase is run again. Every validation reports ``loss`` and
 ``val_loss``; the end of the trial reports ``tokens_per_s`` and ``mfu``.
+
+Under several processes, process 0's run of it announces the trial and each validation's
+stop decision (`jaxcore.run.hosts`); the other processes run this same function with a
+`jaxcore.run.follower.FollowerContext`, so every collective lines up.
 """
 
 from __future__ import annotations
@@ -86,7 +90,11 @@ def train(ctx: Any) -> None:
     from jaxcore.models import Transformer, lm_loss, training_flops_per_token
     from jaxcore.profiling import StepMeter
     from jaxcore.progress import TrainProgress
+    from jaxcore.run.hosts import current
 
+    hosts = current()
+    if hosts.is_leader:
+        announce(hosts, ctx)
     hp = ctx.hparams
     cfg = model_config(hp)
     batch, seq, seed = int(hp["batch"]), int(hp["seq"]), int(hp.get("seed", 0))
@@ -121,13 +129,14 @@ def train(ctx: Any) -> None:
     # Own metric kinds: the store keeps one row per (trial, step, kind), and these share
     # steps with the training and validation reports.
     if step:
-        ctx.store.add_metrics(ctx.trial_id, step, {"resumed_from_step": step}, kind="resume")
+        _record(ctx, step, {"resumed_from_step": step}, kind="resume")
     log_every = int(hp.get("log_every", 10))
     progress = TrainProgress(total_steps=ctx.max_steps, description=f"trial {ctx.trial_id}")
+    stop = False  # the searcher decides at validations only (the inline loop's turns)
     try:
         progress.__enter__()  # closed in the finally below, with the loader
         progress.update(step)
-        while step < ctx.max_steps:
+        while step < ctx.max_steps and not stop:
             step += 1
             state, metrics = step_fn(state, next(loader))
             stats = meter.update(metrics["loss"])
@@ -144,18 +153,40 @@ def train(ctx: Any) -> None:
                     step, {"loss": float(metrics["loss"]), "val_loss": mean.compute()["loss"]}
                 )
                 meter.reset_clock()  # validation and the save are not training time
-                if ctx.should_stop() and step < ctx.max_steps:
+                # Process 0's decision on every process: they all save, or all stop.
+                stop = hosts.agree(lambda: ctx.should_stop(), "stop")
+                if stop and step < ctx.max_steps:
                     break  # cut by ASHA: nobody resumes it, skip the checkpoint
                 ctx.checkpoint(state, loader, step=step)
                 meter.reset_clock()
-            if ctx.should_stop():
-                break
         stats = meter.stats()
         if stats is not None:
             speed = {"tokens_per_s": stats.tokens_per_s}
             if stats.mfu is not None:
                 speed["mfu"] = stats.mfu
-            ctx.store.add_metrics(ctx.trial_id, step, speed, kind="speed")
+            _record(ctx, step, speed, kind="speed")
     finally:
         progress.close()
         loader.close()
+
+
+def announce(hosts: Any, ctx: Any) -> None:
+    """Tell the other processes (`jaxcore.run.follower`) which trial to train with us."""
+    hosts.publish(
+        "trial",
+        spec={
+            "trial_id": ctx.trial_id,
+            "hparams": ctx.hparams,
+            "max_steps": ctx.max_steps,
+            "milestones": list(ctx.milestones),
+            "validation_period": ctx.validation_period,
+            "checkpoint_dir": str(ctx.checkpoint_dir),
+        },
+    )
+    hosts.wait_followers(f"at the start of trial {ctx.trial_id}")
+
+
+def _record(ctx: Any, step: int, values: dict[str, float], *, kind: str) -> None:
+    """A metric of its own kind in the store (process 0 only: followers have none)."""
+    if ctx.store is not None:
+        ctx.store.add_metrics(ctx.trial_id, step, values, kind=kind)

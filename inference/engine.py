@@ -42,6 +42,7 @@ from jaxcore.models import (
     paged_extend,
     plain_matmul,
 )
+from jaxcore.models.decoding import unstack_layers
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +157,7 @@ class SlotEngine:
         if config.quantize is not None:
             self._quantize(calibration)
         self.weight_bytes = qz.weight_bytes(self.weights)
+        self._unstack()
         self._compile()
         self.state = self.empty_state()
 
@@ -213,6 +215,22 @@ class SlotEngine:
         out = jax.tree_util.tree_map_with_path(out_sharding, shardings)
         self.weights = jax.jit(qz.quantize_weights, out_shardings=out)(weights)
         self.matmul = qz.quantized_matmul
+
+    def _unstack(self) -> None:
+        """Per-layer weights (`unstack_layers`): the layers run unrolled, with no per-step
+        slice copies of stacked weights. Each layer keeps its stacked sharding, less the
+        ``layers`` axis; the stacked arrays are dropped (no second copy stays)."""
+
+        def per_layer(s):
+            return NamedSharding(s.mesh, type(s.spec)(*s.spec[1:]))
+
+        stacked = jax.tree.map(lambda x: x.sharding, self.weights)
+        n = self.model_config.n_layers
+        out = {
+            **stacked,
+            "blocks": tuple(jax.tree.map(per_layer, stacked["blocks"]) for _ in range(n)),
+        }
+        self.weights = jax.jit(unstack_layers, out_shardings=out)(self.weights)
 
     def _leaf(self, path):
         node = self.weights

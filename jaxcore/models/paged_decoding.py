@@ -28,6 +28,7 @@ from jaxcore.models.decoding import (
     _logits,
     _project_qkv,
     embed_tokens,
+    over_layers,
     plain_matmul,
 )
 from jaxcore.models.transformer import TransformerConfig, rope_tables
@@ -133,8 +134,7 @@ def paged_decode_step(
         attn = _attend(q, k_l, v_l, key_value_seq_lengths=kv_len)
         return (_finish_block(cfg, p, x, attn, matmul), k_all, v_all), None
 
-    layers = jnp.arange(cfg.n_layers)
-    (x, k_all, v_all), _ = jax.lax.scan(body, (x, cache.k, cache.v), (weights["blocks"], layers))
+    (x, k_all, v_all), _ = over_layers(body, (x, cache.k, cache.v), weights["blocks"])
     lengths = jnp.where(active, kv_len, pos)
     logits = _logits(cfg, weights, x, matmul)[:, 0]
     return logits, cache.replace(k=k_all, v=v_all, lengths=lengths)
@@ -181,7 +181,6 @@ def paged_extend(
         attn = _attend(q, k_l, v_l, mask=mask[None, None])
         return (_finish_block(cfg, p, x, attn, matmul), k_all, v_all), None
 
-    layers = jnp.arange(cfg.n_layers)
-    (x, k_all, v_all), _ = jax.lax.scan(body, (x, cache.k, cache.v), (weights["blocks"], layers))
+    (x, k_all, v_all), _ = over_layers(body, (x, cache.k, cache.v), weights["blocks"])
     lengths = cache.lengths.at[row].set(start + length)
     return _logits(cfg, weights, x, matmul)[0], cache.replace(k=k_all, v=v_all, lengths=lengths)

@@ -11,11 +11,13 @@ from flax import nnx
 from inference.quantize import quantize_weights, quantized_matmul
 from jaxcore.models import Transformer, TransformerConfig
 from jaxcore.models.decoding import (
+    KVCache,
     decode_step,
     decoding_weights,
     init_cache,
     insert,
     prefill,
+    unstack_layers,
 )
 from tests.inference.helpers import reference_greedy
 
@@ -100,3 +102,23 @@ def test_quantized_matmul_equals_dequantized_dense(model):
         np.testing.assert_allclose(got, want, atol=1e-5, rtol=1e-5)
     # Rows of the quantized table dequantize to within half a step of the float table.
     assert np.all(np.abs(rows - np.asarray(weights["embed"])[[1, 2]]) <= step / 2 + 1e-7)
+
+
+def test_per_layer_weights_decode_exactly_like_stacked(model):
+    """`unstack_layers` (layers unrolled, as serving runs them) changes no bit of the
+    prefill or decode logits, nor of the cache, against the stacked ``lax.scan``."""
+    stacked = decoding_weights(model)
+    per_layer = unstack_layers(stacked)
+    assert isinstance(per_layer["blocks"], tuple) and len(per_layer["blocks"]) == CFG.n_layers
+    assert unstack_layers(per_layer) is per_layer
+    tokens = np.random.default_rng(1).integers(0, 256, (2, 12)).astype(np.int32)
+
+    def run(w):
+        logits, prefix = prefill(CFG, w, tokens)
+        cache = insert(init_cache(CFG, 2, 32), prefix, 0, 12)
+        cache = insert(cache, KVCache(prefix.k[:, 1:], prefix.v[:, 1:], prefix.lengths[1:]), 1, 7)
+        step_logits, cache = decode_step(CFG, w, jnp.array([3, 9], jnp.int32), cache)
+        return logits, step_logits, cache.k, cache.v, cache.lengths
+
+    for a, b in zip(jax.jit(run)(stacked), jax.jit(run)(per_layer), strict=True):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

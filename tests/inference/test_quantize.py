@@ -66,7 +66,7 @@ def test_int8_memory_agreement_and_perplexity(trained):
     bf16_bytes = fp32.float_bytes // 2
     assert int8.weight_bytes < 0.30 * fp32.float_bytes
     assert int8.weight_bytes < 0.55 * bf16_bytes
-    assert int8.weights["blocks"]["wq"].q.dtype == np.int8
+    assert int8.weights["blocks"][0]["wq"].q.dtype == np.int8
 
     top_f, nll_f = _evaluate(fp32, windows)
     for engine in (int8, smooth):

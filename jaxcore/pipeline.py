@@ -9,8 +9,10 @@ microbatches that flow through them (the formulation of MaxText's ``pipeline.py`
   current input;
 - every iteration, all stages run at once (``vmap`` over the stage axis with
   ``spmd_axis_name="pipeline"``, so each device computes only its own stage), then the
-  buffer shifts by one stage (``jnp.roll``, which XLA lowers to a collective-permute);
-- stage 0 takes the next microbatch; the last stage's output is stored per microbatch.
+  buffer shifts by one stage (a ``ppermute``: the only data an iteration moves between
+  devices);
+- stage 0 takes the next microbatch; every stage's output leaves as the loop's
+  per-iteration output, and the last stage's are picked after the loop.
 
 ::
 
@@ -232,7 +234,12 @@ def _pipelined(layer_fn, x, layer_params, per_example, ctx: trace_context.TraceC
         def body(c, p):
             return layer_fn(c, p, *ex), None
 
-        return jax.lax.scan(body, h, params_r)[0]
+        # Unrolled: a stage's few layers as a loop nested in the schedule's loop cost every
+        # iteration a zero-filled residual stack per layer input and a second copy of
+        # every residual into the outer loop's stack (and back out in the backward pass).
+        # Measured: M=16 CPU-time efficiency 0.635 -> 0.790 (theory 0.842). The price is
+        # compile time that grows with the layers per stage.
+        return jax.lax.scan(body, h, params_r, unroll=True)[0]
 
     def run_stage(h, params_r, *ex):
         if shards == 1:

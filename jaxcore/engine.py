@@ -131,7 +131,9 @@ class EngineConfig:
             return None
         repeats = self.pipeline_repeats or (2 if self.pipeline_schedule == "circular" else 1)
         micro = (self.microbatches or stages) * self.grad_accum
-        return PipelineConfig(stages=stages, microbatches=micro, repeats=repeats)
+        return PipelineConfig(
+            stages=stages, microbatches=micro, repeats=repeats, reduce_grads_once=self.zero < 3
+        )
 
 
 class Engine:

@@ -1,6 +1,9 @@
 """Pipeline parallelism: parity with one device, the bubble metric, errors, re-layout."""
 
+import re
+
 import jax
+import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
@@ -171,3 +174,65 @@ def test_batch_that_does_not_split_into_microbatches():
     state = engine.prepare(factory, TX)
     with pytest.raises(jc.BatchError, match="4 pipeline microbatches"):
         engine.train_step(lm_loss)(state, {"tokens": BATCHES[0]["tokens"][:8]})
+
+
+def _while_bodies(hlo: str) -> dict[str, str]:
+    """The text of every while-loop body computation in a compiled HLO module."""
+    names = set(re.findall(r"body=%?([\w.\-]+)", hlo))
+    bodies, current, lines = {}, None, []
+    for line in hlo.splitlines():
+        head = re.match(r"^(?:ENTRY )?%?([\w.\-]+) .*\{$", line)
+        if head:
+            current, lines = head.group(1), []
+        elif line.startswith("}") and current is not None:
+            if current in names:
+                bodies[current] = "\n".join(lines)
+            current = None
+        elif current is not None:
+            lines.append(line)
+    return bodies
+
+
+@pytest.mark.parametrize("zero", [0, 3])
+def test_pipeline_loop_moves_only_the_stage_buffer(zero):
+    # Per iteration, the only data a GPipe loop may move between devices is the stage
+    # buffer's shift (one collective-permute forward, one backward): an all-reduce of the
+    # last stage's output, of the stage-0 feed's cotangent, or of the weight gradients
+    # over the data shards in every iteration is a fixed cost per microbatch. Under ZeRO-3
+    # the weights stay sharded, so their per-iteration gather/reduce-scatter is expected.
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    from jaxcore import trace_context
+    from jaxcore.pipeline import PipelineConfig, scan_layers
+    from jaxcore.sharding import DEFAULT_RULES
+
+    S, M, batch, feat, rows = 4, 8, 32, 8, 3
+    mesh = Mesh(np.array(jax.devices()[:8]).reshape(S, 2), ("pipeline", "fsdp"))
+    pipe = PipelineConfig(stages=S, microbatches=M, reduce_grads_once=zero < 3)
+    ctx = trace_context.TraceContext(mesh=mesh, rules=DEFAULT_RULES, pipeline=pipe)
+    extra = np.ones((batch, rows, 1), np.float32)
+
+    def loss(p, x):
+        with trace_context.tracing(ctx):
+            return scan_layers(lambda h, w, e: jnp.tanh(h @ w) * e, x, p, (extra,)).sum()
+
+    p_spec = PartitionSpec("pipeline", "fsdp" if zero == 3 else None)
+    shard = lambda spec: NamedSharding(mesh, spec)
+    params = jax.device_put(jnp.ones((2 * S, feat, feat)) * 0.1, shard(p_spec))
+    x = jax.device_put(jnp.ones((batch, rows, feat)), shard(PartitionSpec("fsdp")))
+    grad = jax.jit(jax.grad(loss))
+    hlo = grad.lower(params, x).compile().as_text()
+    bodies = _while_bodies(hlo)
+    assert bodies, "the pipeline compiled to no loop"
+    collectives = r"\b(all-reduce|all-gather|reduce-scatter|all-to-all)(-start)?\("
+    permutes = [len(re.findall(r"\bcollective-permute(-start)?\(", b)) for b in bodies.values()]
+    assert sorted(permutes)[-2:] == [1, 1]  # the forward and the backward shift
+    others = sum(len(re.findall(collectives, b)) for b in bodies.values())
+    if zero < 3:
+        assert others == 0, [n for n, b in bodies.items() if re.search(collectives, b)]
+    else:
+        assert others > 0  # ZeRO-3's per-iteration weight gather (memory over speed)
+    ref = jax.grad(
+        lambda p, x: jax.lax.scan(lambda h, w: (jnp.tanh(h @ w) * extra, None), x, p)[0].sum()
+    )(np.asarray(params), np.asarray(x))
+    np.testing.assert_allclose(grad(params, x), ref, rtol=1e-5, atol=1e-6)

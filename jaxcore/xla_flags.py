@@ -34,9 +34,19 @@ GPU_FLAGS: dict[str, str] = {
 CPU_COMPILER_OPTIONS: dict[str, str] = {"xla_cpu_experimental_ynn_fusion_type": ""}
 
 
-def compiler_options(platform: str) -> dict[str, str] | None:
-    """The ``compiler_options`` jaxcore's jitted steps use on ``platform`` (None: XLA's)."""
-    return dict(CPU_COMPILER_OPTIONS) if platform == "cpu" else None
+def compiler_options(platform: str, xla_flags: str | None = None) -> dict[str, str] | None:
+    """The ``compiler_options`` jaxcore's jitted steps use on ``platform`` (None: XLA's).
+
+    An option the user set in ``XLA_FLAGS`` (default: the environment's) is left out, so
+    the user's value applies, e.g. ``--xla_cpu_experimental_ynn_fusion_type=individual_dot``
+    brings YNNPACK's dots back.
+    """
+    if platform != "cpu":
+        return None
+    import os
+
+    mine = flag_names(os.environ.get("XLA_FLAGS", "") if xla_flags is None else xla_flags)
+    return {k: v for k, v in CPU_COMPILER_OPTIONS.items() if k not in mine} or None
 
 
 def flag_names(xla_flags: str) -> set[str]:

@@ -89,7 +89,9 @@ def test_query_blocked_attention_matches_the_full_square(window):
 def test_cpu_steps_compile_with_eigen_dots():
     # The CPU compiler options reach XLA: no YNNPACK fusion is left in the compiled dot.
     assert compiler_options("gpu") is None
-    f = jax.jit(lambda a, b: a @ b, compiler_options=compiler_options("cpu"))
+    user = "--xla_cpu_experimental_ynn_fusion_type=individual_dot"
+    assert compiler_options("cpu", user) is None  # the user's XLA_FLAGS value wins
+    f = jax.jit(lambda a, b: a @ b, compiler_options=compiler_options("cpu", ""))
     x = jnp.ones((64, 64))
     assert "__ynn_fusion" not in f.lower(x, x).compile().as_text()
     assert "__ynn_fusion" in jax.jit(lambda a, b: a @ b).lower(x, x).compile().as_text()

@@ -214,7 +214,7 @@ def main() -> None:
         f"ratio jaxcore / plain: {ratio:.3f}   "
         f"(compile: {compile_ours:.1f} s vs {compile_peer:.1f} s)"
     )
-    target = 0.5
+    target = 0.6  # issue 20; and engine / plain >= 0.97
     mfu_value = rows["jaxcore"]["mfu"]
     print(f"MFU {mfu_value:.3f} {'meets' if mfu_value >= target else 'MISSES'} target {target}")
 
@@ -223,6 +223,8 @@ def main() -> None:
         "mfu_plain": rows["plain jax.jit"]["mfu"],
         "ratio_vs_plain": ratio,
         "target": target,
+        "target_ratio_vs_plain": 0.97,
+        "load_average": os.getloadavg(),
         "tokens_per_s": rows["jaxcore"]["tokens_per_s"],
         "tokens_per_s_plain": rows["plain jax.jit"]["tokens_per_s"],
         "step_s": rows["jaxcore"]["step_s"],

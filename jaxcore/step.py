@@ -25,6 +25,7 @@ from jaxcore.batch_checks import check_loss_output
 from jaxcore.errors import StateError
 from jaxcore.nonfinite import DivergenceMonitor, keep_if
 from jaxcore.state import TrainState
+from jaxcore.xla_flags import compiler_options
 
 if TYPE_CHECKING:
     from jaxcore.plan import TrainPlan
@@ -200,6 +201,7 @@ class TrainStep:
             in_shardings=(plan.state_shardings, plan.batch_sharding),
             out_shardings=(plan.state_shardings, plan.replicated),
             donate_argnums=(0,),
+            compiler_options=compiler_options(plan.mesh.devices.flat[0].platform),
         )
         cfg = plan.config
         self._monitor = (
@@ -258,6 +260,7 @@ class EvalStep:
             _eval_fn(plan, loss_fn),
             in_shardings=(plan.state_shardings, plan.batch_sharding),
             out_shardings=plan.replicated,
+            compiler_options=compiler_options(plan.mesh.devices.flat[0].platform),
         )
         self._checker = plan.checker
 

@@ -1,4 +1,4 @@
-"""XLA flags for accelerator runs: the latency-hiding scheduler and collective tuning.
+"""XLA flags: the accelerator set (latency-hiding scheduler, collectives) and CPU options.
 
 XLA reads ``XLA_FLAGS`` once, when its backend starts, so these go into the environment of
 a process before it imports JAX (``gpu_check.sh`` and launchers do that). The set is the
@@ -24,6 +24,29 @@ GPU_FLAGS: dict[str, str] = {
     "xla_gpu_enable_pipelined_all_reduce": "true",
     "xla_gpu_enable_while_loop_double_buffering": "true",
 }
+
+
+# Per-compilation options for CPU programs (passed to ``jax.jit(compiler_options=...)``, so
+# no process restart is needed). An empty YNNPACK fusion list sends XLA:CPU's dots to its
+# Eigen kernels instead of YNNPACK's (the jaxlib 0.10 default, ``individual_dot``): the
+# train steps of the d=256 and d=512 reference decoders ran faster with Eigen's, same
+# losses (benchmarks/training_speed.md, "XLA CPU options").
+CPU_COMPILER_OPTIONS: dict[str, str] = {"xla_cpu_experimental_ynn_fusion_type": ""}
+
+
+def compiler_options(platform: str, xla_flags: str | None = None) -> dict[str, str] | None:
+    """The ``compiler_options`` jaxcore's jitted steps use on ``platform`` (None: XLA's).
+
+    An option the user set in ``XLA_FLAGS`` (default: the environment's) is left out, so
+    the user's value applies, e.g. ``--xla_cpu_experimental_ynn_fusion_type=individual_dot``
+    brings YNNPACK's dots back.
+    """
+    if platform != "cpu":
+        return None
+    import os
+
+    mine = flag_names(os.environ.get("XLA_FLAGS", "") if xla_flags is None else xla_flags)
+    return {k: v for k, v in CPU_COMPILER_OPTIONS.items() if k not in mine} or None
 
 
 def flag_names(xla_flags: str) -> set[str]:

@@ -186,6 +186,49 @@ def _batch_norm_writing_back(env: Any) -> Callable:
     return batch_norm
 
 
+def _causal_attention(env: Any, reference: Callable) -> Callable:
+    """``F.scaled_dot_product_attention`` through jaxcore's causal kernel where it applies.
+
+    torchax's own lowering adds a float ``(L, S)`` bias built with ``masked_fill`` and
+    multiplies the full square, masked half included. For the common training call
+    (causal, no explicit mask, no dropout, default scale, ``L == S``) this runs
+    `jaxcore.models.transformer.causal_heads_first` instead: the same arithmetic on
+    ``(batch, heads, length, dim)`` arrays as they come, skipping the blocks above the
+    diagonal. Any other call goes to torchax's reference lowering unchanged.
+    """
+    from jaxcore.models.transformer import causal_heads_first
+
+    def sdpa(
+        query,
+        key,
+        value,
+        attn_mask=None,
+        dropout_p=0.0,
+        is_causal=False,
+        scale=None,
+        enable_gqa=False,
+    ):
+        q, k, v = query.jax(), key.jax(), value.jax()
+        fits = (
+            is_causal
+            and attn_mask is None
+            and dropout_p == 0.0
+            and (scale is None or scale == 1 / np.sqrt(q.shape[-1]))
+            and q.ndim == 4
+            and q.shape[-2] == k.shape[-2]
+            and q.shape[1] % k.shape[1] == 0
+            and (enable_gqa or q.shape[1] == k.shape[1])
+        )
+        if not fits:
+            return reference(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+        b, h, t, d = q.shape
+        kv = k.shape[1]
+        out = causal_heads_first(q.reshape(b, kv, h // kv, t, d), k, v)
+        return env.j2t_iso(out.reshape(b, h, t, d))
+
+    return sdpa
+
+
 class _OpFailure:
     """Records which op raised first (innermost), for the untraceable-model error."""
 
@@ -246,6 +289,10 @@ def environment() -> Any:
             env.override_op_definition(op, bn)
         legit = torch.ops.aten._native_batch_norm_legit.default
         env.override_op_definition(legit, bn)
+        from torchax.ops import jtorch
+
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        env.override_op_definition(sdpa, _causal_attention(env, jtorch._sdpa_reference))
         log.debug("torchax %s environment ready", torchax.__version__)
         _env = env
         return env

@@ -15,11 +15,15 @@ import pytest
 from jax.sharding import Mesh
 
 from jaxcore import trace_context
-from jaxcore.models.transformer import _heads_first_attention, attention_implementation
+from jaxcore.models.transformer import (
+    _heads_first_attention,
+    attention_implementation,
+    query_blocks,
+)
 from jaxcore.pipeline import PipelineConfig, scan_layers
 from jaxcore.precision import default_precision
 from jaxcore.sharding import DEFAULT_RULES
-from jaxcore.xla_flags import GPU_FLAGS, flag_names, with_gpu_flags
+from jaxcore.xla_flags import GPU_FLAGS, compiler_options, flag_names, with_gpu_flags
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -55,6 +59,42 @@ def test_xla_fallback_matches_heads_first(window):
         q, k, v, is_causal=True, local_window_size=local, implementation="xla"
     )
     np.testing.assert_allclose(_heads_first_attention(q, k, v, window), ref, atol=2e-6)
+
+
+@pytest.mark.parametrize("window", [None, 1, 40, 64, 65, 200])
+def test_query_blocked_attention_matches_the_full_square(window):
+    # 256 tokens: four query blocks of 64, each multiplying only the keys it can see; the
+    # windows cross block edges (40 < 64 < 65 < 200), GQA with 2 queries per kv head.
+    assert query_blocks(256) == 4 and query_blocks(128) == 1 and query_blocks(258) == 1
+    ks = jax.random.split(jax.random.key(1), 3)
+    q = jax.random.normal(ks[0], (2, 256, 4, 8))
+    k, v = (jax.random.normal(kk, (2, 256, 2, 8)) for kk in ks[1:])
+    local = None if window is None else (window - 1, 0)
+    ref = jax.nn.dot_product_attention(
+        q, k, v, is_causal=True, local_window_size=local, implementation="xla"
+    )
+    np.testing.assert_allclose(_heads_first_attention(q, k, v, window), ref, atol=2e-6)
+    grad = jax.grad(lambda q: jnp.sum(_heads_first_attention(q, k, v, window) ** 2))(q)
+    ref_grad = jax.grad(
+        lambda q: jnp.sum(
+            jax.nn.dot_product_attention(
+                q, k, v, is_causal=True, local_window_size=local, implementation="xla"
+            )
+            ** 2
+        )
+    )(q)
+    np.testing.assert_allclose(grad, ref_grad, atol=2e-5)
+
+
+def test_cpu_steps_compile_with_eigen_dots():
+    # The CPU compiler options reach XLA: no YNNPACK fusion is left in the compiled dot.
+    assert compiler_options("gpu") is None
+    user = "--xla_cpu_experimental_ynn_fusion_type=individual_dot"
+    assert compiler_options("cpu", user) is None  # the user's XLA_FLAGS value wins
+    f = jax.jit(lambda a, b: a @ b, compiler_options=compiler_options("cpu", ""))
+    x = jnp.ones((64, 64))
+    assert "__ynn_fusion" not in f.lower(x, x).compile().as_text()
+    assert "__ynn_fusion" in jax.jit(lambda a, b: a @ b).lower(x, x).compile().as_text()
 
 
 def test_default_precision():

@@ -49,7 +49,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 # XLA's CPU backend hands dots (and small fusions) to YNNPACK by default; at this model's
 # decode shapes (16 x 256 @ 256 x 1024 ...) its own Eigen dots ran the same matmul chain
 # 1.6x faster and our batch-16 decode step 1.35x faster (CPU time, same process, 3 rounds;
-# benchmarks/inference.md). Greedy tokens are unchanged. Only the JAX peers read it.
+# benchmarks/inference.md). Greedy tokens are unchanged. The engine's own jits pass the
+# same option (jaxcore.xla_flags.compiler_options); the flag here gives the minimal JAX
+# reference decoder the same dots. Only the JAX peers read it.
 os.environ["XLA_FLAGS"] = (
     os.environ.get("XLA_FLAGS", "") + " --xla_cpu_experimental_ynn_fusion_type="
 )

@@ -152,29 +152,15 @@ def grpo_side_by_side(prompts: int, generations: int, new: int, steps: int) -> d
     import torch
     import trl
     from datasets import Dataset
-    from transformers import LlamaConfig, LlamaForCausalLM, TrainerCallback
+    from transformers import LlamaForCausalLM, TrainerCallback
+
+    from inference.hf import hf_llama_config
 
     lr = 1e-3
     ours = OursGRPO(prompts, generations, new, lr)
     cfg = model_config(PROMPT_LEN + new)
     torch.manual_seed(0)
-    model = LlamaForCausalLM(
-        LlamaConfig(
-            vocab_size=cfg.vocab_size,
-            hidden_size=cfg.d_model,
-            intermediate_size=cfg.d_ff,
-            num_hidden_layers=cfg.n_layers,
-            num_attention_heads=cfg.n_heads,
-            num_key_value_heads=cfg.n_kv_heads,
-            max_position_embeddings=cfg.max_seq_len,
-            rms_norm_eps=cfg.norm_eps,
-            rope_theta=cfg.rope_theta,
-            tie_word_embeddings=cfg.tie_embeddings,
-            pad_token_id=0,
-            eos_token_id=1,
-            bos_token_id=None,
-        )
-    )
+    model = LlamaForCausalLM(hf_llama_config(cfg, pad_token_id=0, eos_token_id=1))
     rng = np.random.default_rng(2)
     ids = rng.integers(4, VOCAB, size=(prompts * (steps + 1), PROMPT_LEN))
     dataset = Dataset.from_dict({"prompt": [" ".join(f"t{i}" for i in row) for row in ids]})

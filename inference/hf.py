@@ -15,12 +15,11 @@ import numpy as np
 from jaxcore.models import TransformerConfig
 
 
-def to_hf_llama(cfg: TransformerConfig, params: dict[str, Any]) -> Any:
-    """A float32 ``LlamaForCausalLM`` (eval mode) with ``params`` loaded."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+def hf_llama_config(cfg: TransformerConfig, **overrides: Any) -> Any:
+    """The ``transformers.LlamaConfig`` of ``cfg`` (no special tokens unless overridden)."""
+    from transformers import LlamaConfig
 
-    hf_cfg = LlamaConfig(
+    fields: dict[str, Any] = dict(
         vocab_size=cfg.vocab_size,
         hidden_size=cfg.d_model,
         intermediate_size=cfg.d_ff,
@@ -36,7 +35,15 @@ def to_hf_llama(cfg: TransformerConfig, params: dict[str, Any]) -> Any:
         eos_token_id=None,
         pad_token_id=None,
     )
-    model = LlamaForCausalLM(hf_cfg).eval()
+    return LlamaConfig(**{**fields, **overrides})
+
+
+def to_hf_llama(cfg: TransformerConfig, params: dict[str, Any]) -> Any:
+    """A float32 ``LlamaForCausalLM`` (eval mode) with ``params`` loaded."""
+    import torch
+    from transformers import LlamaForCausalLM
+
+    model = LlamaForCausalLM(hf_llama_config(cfg)).eval()
     p = {k: np.asarray(v, np.float32) for k, v in params.items()}
     D = cfg.d_model
 

@@ -218,21 +218,8 @@ class TrialContext:
     def checkpointer(self) -> Any:
         """A `jaxcore.Checkpointer` on this trial's directory (retention is the store's)."""
         if self._checkpointer is None:
-            import jaxcore as jc
-
-            self._checkpointer = jc.Checkpointer(
-                jc.CheckpointConfig(
-                    directory=self.checkpoint_dir,
-                    keep_last=None,
-                    async_save=False,
-                    save_on_sigterm=False,
-                    announce=False,
-                ),
-                run_config={
-                    "trial": self.trial_id,
-                    "hparams": self.hparams,
-                    "lineage": self.lineage,
-                },
+            self._checkpointer = trial_checkpointer(
+                self.checkpoint_dir, self.trial_id, self.hparams, self.lineage
             )
             if self._sigterm:
                 self._checkpointer.request_preemption()
@@ -429,3 +416,22 @@ def apply_hyperparams(opt_state: Any, optimizer: Any, params: Any) -> Any:
         return node._replace(hyperparams=values)
 
     return jax.tree.map(replace, opt_state, is_leaf=_is_inject_state)
+
+
+def trial_checkpointer(
+    directory: pathlib.Path, trial_id: Any, hparams: dict[str, Any], lineage: Any
+) -> Any:
+    """The `jaxcore.Checkpointer` every process of a trial uses: synchronous saves, no
+    retention of its own (the store's ranks steps) and no SIGTERM hook (the trial loop's)."""
+    import jaxcore as jc
+
+    return jc.Checkpointer(
+        jc.CheckpointConfig(
+            directory=directory,
+            keep_last=None,
+            async_save=False,
+            save_on_sigterm=False,
+            announce=False,
+        ),
+        run_config={"trial": trial_id, "hparams": hparams, "lineage": lineage},
+    )

@@ -55,21 +55,10 @@ class FollowerContext:
     def checkpointer(self) -> Any:
         """The same `jaxcore.Checkpointer` settings as the leader's `TrialContext`."""
         if self._checkpointer is None:
-            import jaxcore as jc
+            from jaxcore.experiments.trial_context import trial_checkpointer
 
-            self._checkpointer = jc.Checkpointer(
-                jc.CheckpointConfig(
-                    directory=self.checkpoint_dir,
-                    keep_last=None,
-                    async_save=False,
-                    save_on_sigterm=False,
-                    announce=False,
-                ),
-                run_config={
-                    "trial": self.trial_id,
-                    "hparams": self.hparams,
-                    "lineage": self.lineage,
-                },
+            self._checkpointer = trial_checkpointer(
+                self.checkpoint_dir, self.trial_id, self.hparams, self.lineage
             )
         return self._checkpointer
 

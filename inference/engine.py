@@ -158,6 +158,7 @@ class SlotEngine:
         if config.quantize is not None:
             self._quantize(calibration)
         self.weight_bytes = qz.weight_bytes(self.weights)
+        self._unstack_fn: Any = None
         self._unstack()
         self._compile()
         self.state = self.empty_state()
@@ -225,13 +226,24 @@ class SlotEngine:
         def per_layer(s):
             return NamedSharding(s.mesh, type(s.spec)(*s.spec[1:]))
 
-        stacked = jax.tree.map(lambda x: x.sharding, self.weights)
-        n = self.model_config.n_layers
-        out = {
-            **stacked,
-            "blocks": tuple(jax.tree.map(per_layer, stacked["blocks"]) for _ in range(n)),
-        }
-        self.weights = jax.jit(unstack_layers, out_shardings=out)(self.weights)
+        if self._unstack_fn is None:
+            stacked = jax.tree.map(lambda x: x.sharding, self.weights)
+            n = self.model_config.n_layers
+            out = {
+                **stacked,
+                "blocks": tuple(jax.tree.map(per_layer, stacked["blocks"]) for _ in range(n)),
+            }
+            self._unstack_fn = jax.jit(unstack_layers, out_shardings=out)
+        self.weights = self._unstack_fn(self.weights)
+
+    def load_weights(self, weights: dict[str, Any]) -> None:
+        """Serve new float weights in the stacked decoding layout, placed as
+        ``placement.weights`` (e.g. a trainer's, resharded): cast to the serving dtype and
+        split per layer like the start-up weights, so the compiled programs are reused."""
+        if self.dtype != jnp.float32:
+            weights = jax.tree.map(lambda x: x.astype(self.dtype) if x.ndim >= 2 else x, weights)
+        self.weights = weights
+        self._unstack()
 
     def _leaf(self, path):
         node = self.weights

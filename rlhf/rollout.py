@@ -20,7 +20,6 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -102,10 +101,7 @@ class Sampler:
         """Serve ``model``'s weights (e.g. ``engine.bind(state)``; a LoRA model's merged),
         resharded in memory."""
         engine = self.llm.engine
-        weights = lora.decoding_weights(model)
-        if engine.dtype != jnp.float32:
-            weights = jax.tree.map(lambda x: x.astype(engine.dtype) if x.ndim >= 2 else x, weights)
-        engine.weights = reshard(weights, engine.placement.weights)
+        engine.load_weights(reshard(lora.decoding_weights(model), engine.placement.weights))
 
     def generate(
         self,

@@ -69,19 +69,19 @@ class Solo:
     is_leader = True
 
     def publish(self, kind: str, **payload: Any) -> None:
-        pass
+        """Nothing to do: no other process listens."""
 
     def receive(self, what: str) -> dict[str, Any]:
         raise RuntimeError("a single process never waits for a leader")
 
     def wait_followers(self, what: str) -> None:
-        pass
+        """Nothing to do: there are no followers to wait for."""
 
     def agree(self, decide: Callable[[], Any], kind: str) -> Any:
         return decide()
 
     def close(self) -> None:
-        pass
+        """Nothing to do: a single process holds no heartbeat or key-value client."""
 
 
 class Hosts:

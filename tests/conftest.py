@@ -1,6 +1,8 @@
-"""Test defaults: 8 fake CPU devices for every test, set before JAX is imported."""
+"""Test defaults: 8 fake CPU devices for every test, set before JAX is imported; one JAX
+persistent compilation cache per test run, shared by both xdist workers."""
 
 import os
+from pathlib import Path
 
 # LLVM at -O0 halves XLA's CPU compile time (measured: a ZeRO-3 tiny-model engine's
 # prepare 4.7 s -> 1.4 s, first step 4.2 s -> 2.5 s); the tests run tiny programs, where
@@ -13,6 +15,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 import jax
 import pytest
+from jax._src import lru_cache
 
 
 def pytest_configure(config):
@@ -62,3 +65,67 @@ def pytest_collection_modifyitems(config, items):
         units.values(), key=lambda u: not any(i.get_closest_marker("slow") for i in u)
     )
     items[:] = [item for unit in slow_first for item in unit]
+
+
+# ------------------------------------------------------------------ compile cache
+# JAX writes a cache entry with one `write_bytes` and no lock (jax 0.10.2 `lru_cache.py`:
+# the file lock exists only with `jax_compilation_cache_max_size` set, whose eviction scan
+# re-reads every entry's access time on each write: 0.58 s a write at 1,000 entries). So
+# a worker could read the other's half-written entry. JAX does survive that (zlib rejects
+# the truncated stream, JAX warns and compiles: tests/test_compile_cache.py), but under
+# `warnings.simplefilter("error")` the warning would fail a test. Entries are written to
+# a temporary name and renamed instead (atomic on POSIX), as Orbax finalizes a checkpoint.
+def _atomic_put(self: lru_cache.LRUCache, key: str, value: bytes) -> None:
+    """`LRUCache.put` for an unbounded cache, with the entry renamed into place."""
+    if not key:
+        raise ValueError("key cannot be empty")
+    path = self.path / f"{key}{lru_cache._CACHE_SUFFIX}"
+    if path.exists():
+        return
+    tmp = self.path / f".{key}.{os.getpid()}.tmp"
+    tmp.write_bytes(value)
+    os.replace(tmp, path)
+
+
+def run_cache_dir(basetemp: Path, worker: str | None) -> Path:
+    """The run's cache: under xdist the workers' base folders (`<run>/popen-gwN`) share
+    their parent, a fresh folder per run that pytest prunes like any other."""
+    return (basetemp.parent if worker else basetemp) / "xla-cache"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def xla_cache_dir(tmp_path_factory) -> Path:
+    """JAX's persistent compilation cache, on for every test of the run: a program the
+    other worker (or an earlier file) compiled is read, not recompiled. Only compiles of
+    1 s or more are written (JAX's default threshold; `compile_cache` lowers it). A hit
+    still counts as a backend compile (`tests/inference/helpers.count_compiles`), and
+    the key hashes the program, flags and devices, so no test's check loosens."""
+    if jax.config.jax_compilation_cache_max_size != -1:
+        pytest.exit("tests/conftest.py writes cache entries for an unbounded cache only")
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    chosen = jax.config.jax_compilation_cache_dir  # the user's JAX_COMPILATION_CACHE_DIR
+    cache = Path(chosen) if chosen else run_cache_dir(tmp_path_factory.getbasetemp(), worker)
+    cache.mkdir(parents=True, exist_ok=True)
+    before = lru_cache.LRUCache.put
+    lru_cache.LRUCache.put = _atomic_put
+    jax.config.update("jax_compilation_cache_dir", str(cache))
+    yield cache
+    lru_cache.LRUCache.put = before
+
+
+CACHE_THRESHOLDS = (
+    "jax_persistent_cache_min_compile_time_secs",
+    "jax_persistent_cache_min_entry_size_bytes",
+)
+
+
+@pytest.fixture(scope="module")
+def compile_cache(xla_cache_dir) -> Path:
+    """Every program this module compiles goes into the run's cache, however small: for
+    modules that build one shape several times (a trial restarted, a run resumed)."""
+    before = {k: getattr(jax.config, k) for k in CACHE_THRESHOLDS}
+    for k in CACHE_THRESHOLDS:
+        jax.config.update(k, 0)
+    yield xla_cache_dir
+    for k, v in before.items():
+        jax.config.update(k, v)

@@ -56,22 +56,6 @@ def tiny_config(root: pathlib.Path, *extra: str):
 
 
 @pytest.fixture(scope="module")
-def compile_cache(tmp_path_factory):
-    keys = (
-        "jax_compilation_cache_dir",
-        "jax_persistent_cache_min_compile_time_secs",
-        "jax_persistent_cache_min_entry_size_bytes",
-    )
-    before = {k: getattr(jax.config, k) for k in keys}
-    jax.config.update("jax_compilation_cache_dir", str(tmp_path_factory.mktemp("xla-cache")))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    yield
-    for k, v in before.items():
-        jax.config.update(k, v)
-
-
-@pytest.fixture(scope="module")
 def first_run(tmp_path_factory, compile_cache):
     # `make test` installs with `pip install --no-compile`, so the demo's input package
     # may hold no bytecode; compile it as a default pip install would, so the ingest

@@ -5,7 +5,6 @@ iteration before its checkpoint (restarted from the one before); the best regist
 
 import pathlib
 
-import jax
 import numpy as np
 import pytest
 import yaml
@@ -19,24 +18,9 @@ from .test_cli import PPO, TIMINGS
 ITERATIONS = 3
 PREEMPT_AFTER = 1  # trial 2's injected preemption lands right after this iteration's report
 CRASH_AT = 2  # trial 3 crashes after this iteration's report, before its checkpoint
-CACHE_KEYS = (
-    "jax_compilation_cache_dir",
-    "jax_persistent_cache_min_compile_time_secs",
-    "jax_persistent_cache_min_entry_size_bytes",
-)
-
-
-@pytest.fixture(autouse=True)
-def compile_cache(tmp_path_factory):
-    """The three trainer builds (twin, preempted, resumed) share one shape: the later two
-    read JAX's persistent cache (as tests/jaxcore/experiments/test_tiny_trials.py)."""
-    before = {k: getattr(jax.config, k) for k in CACHE_KEYS}
-    jax.config.update("jax_compilation_cache_dir", str(tmp_path_factory.mktemp("xla-cache")))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    yield
-    for k, v in before.items():
-        jax.config.update(k, v)
+# The three trainer builds (twin, preempted, resumed) share one shape: the later two read
+# JAX's persistent cache (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("compile_cache")
 
 
 @pytest.mark.slow

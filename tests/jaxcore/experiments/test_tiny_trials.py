@@ -8,7 +8,6 @@ import dataclasses
 import json
 import pathlib
 
-import jax
 import pytest
 
 from jaxcore.experiments import Registry, Store, parse_config, registry, run_experiment
@@ -19,23 +18,8 @@ from tests.jaxcore.experiments.conftest import entry
 TINY = {"lr": 3e-3, "files": 40, "batch": 8, "seq": 32}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def compile_cache(tmp_path_factory):
-    """Trials of one shape compile once: later launches read JAX's persistent cache."""
-    before = {
-        k: getattr(jax.config, k)
-        for k in (
-            "jax_compilation_cache_dir",
-            "jax_persistent_cache_min_compile_time_secs",
-            "jax_persistent_cache_min_entry_size_bytes",
-        )
-    }
-    jax.config.update("jax_compilation_cache_dir", str(tmp_path_factory.mktemp("xla-cache")))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-    jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-    yield
-    for k, v in before.items():
-        jax.config.update(k, v)
+# Trials of one shape compile once: later launches read JAX's persistent cache.
+pytestmark = pytest.mark.usefixtures("compile_cache")
 
 
 @pytest.mark.slow

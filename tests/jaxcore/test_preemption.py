@@ -67,10 +67,6 @@ def _start(cache, directory, out, steps, *extra, procs=1, devices=None):
         launch = ["-m", "jaxcore.launch", "-n", str(procs), "--devices-per-process", str(per)]
         launch += ["--grace", "2", "--init-timeout", "600"]
         env = _env(cache)
-        if procs > 1:
-            # No persistent cache for several processes: seen here, a multi-process run
-            # whose executables came from the cache failed at its first device-to-host read.
-            env.pop("JAX_COMPILATION_CACHE_DIR")
         cmd = [sys.executable, *launch, *args]
     return subprocess.Popen(
         cmd, env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True

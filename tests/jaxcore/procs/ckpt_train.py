@@ -51,6 +51,30 @@ from jaxcore.models import Transformer, lm_loss  # noqa: E402
 from tests.jaxcore.procs.corpus import CFG, corpus  # noqa: E402
 
 
+def cache_on_every_rank() -> None:
+    """Let every rank write its programs to the persistent compilation cache, so no
+    restarted rank recompiles. JAX writes from process 0 only (`compiler._cache_write`:
+    against write contention on shared filesystems), and on CPU each rank's programs have
+    keys of their own, so rank 1 missed on every restart (seen: no hit, 11 s compiling the
+    step while rank 0 waited). The cache here is a local folder and the keys differ per
+    rank, so each rank reads back only what it compiled itself."""
+    from jax._src import compiler, distributed
+
+    if jax.process_index() == 0 or not jax.config.jax_compilation_cache_dir:
+        return
+    write = compiler._cache_write
+
+    def write_own(*args, **kwargs):
+        state = distributed.global_state
+        rank, state.process_id = state.process_id, 0  # read by `_cache_write` only
+        try:
+            write(*args, **kwargs)
+        finally:
+            state.process_id = rank
+
+    compiler._cache_write = write_own
+
+
 def watch_verification() -> set:
     """The step directories this process verified clean (wraps the manifest check)."""
     clean, agree = set(), jaxcore.checkpoint.agree_on_damage
@@ -128,6 +152,7 @@ def main() -> int:
     p.add_argument("--step-sleep", type=float, default=0.0)
     a = p.parse_args()
     rank = jax.process_index()
+    cache_on_every_rank()
     Path(f"{a.dir}.pid{rank}").write_text(str(os.getpid()))
     hooks = {}
     if a.die_at and rank == a.die_rank:

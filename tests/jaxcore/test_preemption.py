@@ -9,8 +9,9 @@
   the same step, the launcher exits 75, and the run continues with 2 processes exactly and
   with 1 process within float tolerance.
 
-Single-process runs (alone or `-n 1`) share one compilation cache, so only their first
-start compiles; the two uninterrupted reference runs are one module fixture.
+Every run shares one compilation cache, with each rank writing its own entries
+(`procs/ckpt_train.py`), so only the first start of a layout compiles; the two
+uninterrupted reference runs are one module fixture.
 """
 
 import json

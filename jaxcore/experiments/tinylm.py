@@ -14,47 +14,84 @@ from typing import Any
 
 VAL_FILES = 16
 
+# The programs of the last setup in this process, keyed by every hyperparameter that
+# shapes them: an inline search relaunches a trial in the same process (a preemption, a
+# PBT parent continuing), and reusing its jitted steps skips the retrace, the lowering
+# and the compile (or compile-cache read) of each (seconds per launch on CPU).
+_PROGRAMS: dict[tuple, dict[str, Any]] = {}
 
-def setup(hparams: dict[str, Any]) -> dict[str, Any]:
-    """Engine, model factory, optimizer, loaders and the jitted steps for ``hparams``."""
-    import grain
+
+def _program_key(hparams: dict[str, Any]) -> tuple:
+    return (
+        int(hparams.get("seq", 32)),
+        int(hparams.get("batch", 8)),
+        int(hparams.get("seed", 0)),
+        int(hparams.get("files", 200)),
+        int(hparams.get("warmup", 0)),
+        float(hparams["lr"]),
+        float(hparams.get("weight_decay", 0.0)),
+    )
+
+
+def _programs(key: tuple) -> dict[str, Any]:
+    """Engine, model factory, optimizer, plan and jitted steps for ``key`` (one kept)."""
+    if key in _PROGRAMS:
+        return _PROGRAMS[key]
     import optax
 
     import jaxcore as jc
     from jaxcore.models import Transformer, TransformerConfig, lm_loss
 
-    seq = int(hparams.get("seq", 32))
-    batch = int(hparams.get("batch", 8))
-    seed = int(hparams.get("seed", 0))
+    seq, _batch, seed, _files, warmup, lr, weight_decay = key
     cfg = TransformerConfig.tiny(max_seq_len=seq)
     engine = jc.Engine(parallel=jc.ParallelConfig(fsdp=-1), seed=seed)
-    docs = grain.MapDataset.source(jc.stdlib_source(max_files=int(hparams.get("files", 200))))
-    train_docs, val_docs = docs[:-VAL_FILES], docs[-VAL_FILES:]
-    warmup = int(hparams.get("warmup", 0))
-    lr = float(hparams["lr"])
     schedule = optax.linear_schedule(0.0, lr, warmup) if warmup else lr
     # The learning rate and weight decay live in the optimizer state (not as constants in
     # the program), so trials that differ only in them compile to the same XLA program
     # and a persistent compilation cache serves every trial after the first.
     optimizer = optax.inject_hyperparams(optax.adamw)(
-        learning_rate=schedule, weight_decay=float(hparams.get("weight_decay", 0.0))
+        learning_rate=schedule, weight_decay=weight_decay
     )
-    loader = jc.Loader(
-        train_docs,
-        jc.InputConfig(global_batch_size=batch, seq_len=seq, seed=seed, prefetch=2, num_threads=1),
-        engine.batch_sharding,
-    )
-    return dict(
+
+    def factory(rngs: Any) -> Any:
+        return Transformer(cfg, rngs=rngs)
+
+    plan = engine.plan(factory, optimizer)
+    _PROGRAMS.clear()  # one model's programs at a time: a grid over shapes stays small
+    _PROGRAMS[key] = dict(
         engine=engine,
         cfg=cfg,
         optimizer=optimizer,
-        loader=loader,
-        factory=lambda rngs: Transformer(cfg, rngs=rngs),
-        val_docs=val_docs,
-        batch=batch,
-        seq=seq,
+        factory=factory,
+        plan=plan,
+        train_step=plan.train_step(lm_loss),
+        eval_step=plan.eval_step(lm_loss),
         loss_fn=lm_loss,
     )
+    return _PROGRAMS[key]
+
+
+def setup(hparams: dict[str, Any]) -> dict[str, Any]:
+    """Engine, model factory, optimizer, plan, jitted steps and loaders for ``hparams``.
+
+    The programs are shared with the previous call of this process when every
+    hyperparameter that shapes them is the same; the loaders are always new.
+    """
+    import grain
+
+    import jaxcore as jc
+
+    key = _program_key(hparams)
+    seq, batch, seed, files = key[:4]
+    env = dict(_programs(key))
+    docs = grain.MapDataset.source(jc.stdlib_source(max_files=files))
+    train_docs, val_docs = docs[:-VAL_FILES], docs[-VAL_FILES:]
+    env["loader"] = jc.Loader(
+        train_docs,
+        jc.InputConfig(global_batch_size=batch, seq_len=seq, seed=seed, prefetch=2, num_threads=1),
+        env["engine"].batch_sharding,
+    )
+    return dict(env, val_docs=val_docs, batch=batch, seq=seq)
 
 
 def val_batches(env: dict[str, Any], n: int = 4) -> list[Any]:
@@ -73,7 +110,7 @@ def val_batches(env: dict[str, Any], n: int = 4) -> list[Any]:
 def evaluate(env: dict[str, Any], state: Any, batches: list[Any]) -> float:
     import jaxcore as jc
 
-    evaluate = env.setdefault("eval_step", env["engine"].eval_step(env["loss_fn"]))
+    evaluate = env["eval_step"]
     mean = jc.MeanMetrics()
     for b in batches:
         mean.update(evaluate(state, b))
@@ -98,10 +135,10 @@ def train(ctx: Any, *, on_step: Any = None, on_restore: Any = None) -> None:
     ctx.model_config = dataclasses.asdict(env["cfg"])  # registered versions carry it
     # The restored optimizer state gets this trial's lr and weight decay (hparams_into):
     # a PBT child trains with its own hyperparameters, not its parent's.
-    state, loader = ctx.restore(env["engine"], env["factory"], env["optimizer"], env["loader"])
+    state, loader = ctx.restore(env["plan"], optimizer=env["optimizer"], loader=env["loader"])
     if on_restore is not None:
         on_restore(ctx, state)
-    step_fn = env["engine"].train_step(env["loss_fn"])
+    step_fn = env["train_step"]
     held_out = val_batches(env)
     step = ctx.start_step
     try:

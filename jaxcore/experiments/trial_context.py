@@ -308,10 +308,10 @@ class TrialContext:
     ) -> Any:
         """Resume from this trial's latest checkpoint (or its PBT parent's), else start.
 
-        With an engine: ``(state, loader)`` as from `Checkpointer.restore_or_init`, with
-        the optimizer's hyperparameters taken from ``optimizer`` (`hparams_into`), not
-        from the checkpoint. Without one: the saved plain state, or ``None`` when there
-        is none. Sets ``start_step``.
+        With an engine (or a `TrainPlan`): ``(state, loader)`` as from
+        `Checkpointer.restore_or_init`, with the optimizer's hyperparameters taken from
+        ``optimizer`` (`hparams_into`), not from the checkpoint. Without one: the saved
+        plain state, or ``None`` when there is none. Sets ``start_step``.
         """
         if engine is not None:
             ckpt = self.checkpointer()

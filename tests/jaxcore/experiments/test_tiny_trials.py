@@ -11,7 +11,7 @@ import pathlib
 import jax
 import pytest
 
-from jaxcore.experiments import Registry, Store, parse_config, registry, run_experiment
+from jaxcore.experiments import Registry, Store, parse_config, registry, run_experiment, tinylm
 from jaxcore.experiments.trial_context import trial_dir
 from jaxcore.models import TransformerConfig
 from tests.jaxcore.experiments.conftest import entry
@@ -136,3 +136,20 @@ def test_pbt_children_train_with_their_own_learning_rate(tmp_path):
         parent = store.trial(child["parent_trial"])
         assert child["hparams"]["lr"] != pytest.approx(parent["hparams"]["lr"], rel=1e-3)
     assert restored >= len(children) + 1  # the children and the surviving parent
+
+
+def test_setup_shares_programs_only_between_equal_hparams():
+    """A relaunch in the same process reuses the jitted steps; other hparams do not."""
+    a = tinylm.setup(TINY)
+    b = tinylm.setup({**TINY, "preempt": "flag@4"})  # not a hyperparameter of the model
+    try:
+        assert b["train_step"] is a["train_step"] and b["eval_step"] is a["eval_step"]
+        assert b["plan"] is a["plan"] and b["loader"] is not a["loader"]
+    finally:
+        a["loader"].close()
+        b["loader"].close()
+    # Every hyperparameter setup reads is part of the key (no setup needed to see it).
+    key = tinylm._program_key(TINY)
+    changed = {"seq": 16, "batch": 4, "seed": 1, "files": 41, "warmup": 2, "lr": 1e-3}
+    for name, value in {**changed, "weight_decay": 0.1}.items():
+        assert tinylm._program_key({**TINY, name: value}) != key, name

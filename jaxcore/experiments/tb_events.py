@@ -11,6 +11,7 @@ the fields a scalar event uses.
 
 from __future__ import annotations
 
+import itertools
 import math
 import os
 import pathlib
@@ -32,6 +33,7 @@ def _table() -> tuple[int, ...]:
 
 
 _TABLE = _table()
+_FILES = itertools.count()
 
 
 def crc32c(data: bytes) -> int:
@@ -120,9 +122,10 @@ class ScalarEventWriter:
     def __init__(self, logdir: str | os.PathLike[str]):
         self.logdir = pathlib.Path(logdir)
         self.logdir.mkdir(parents=True, exist_ok=True)
-        # tensorboardX's name, plus the pid: two processes of one trial (a restart in
-        # the same second) must not append to one file.
-        name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}"
+        # tensorboardX's name, plus the pid and a counter: two processes of one trial, or
+        # two inline launches of it in one process, in the same second get two files.
+        stamp = f"{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.{next(_FILES)}"
+        name = f"events.out.tfevents.{stamp}"
         self.path = self.logdir / name
         self._file = open(self.path, "ab")  # noqa: SIM115 (held open until close)
         self._file.write(frame(encode_event(time.time(), file_version="brain.Event:2")))

@@ -69,3 +69,17 @@ def test_writer_file_reads_back_as_tensorboard_events(tmp_path):
         (4, "training/loss", float("inf")),
     ]
     assert all(e.wall_time > 0 for e in events)
+
+
+def test_two_writers_on_one_folder_write_two_files(tmp_path):
+    """An inline relaunch of a trial (same process, same second) starts its own file."""
+    first, second = ScalarEventWriter(tmp_path), ScalarEventWriter(tmp_path)
+    first.add(1, {"a": 1.0})
+    second.add(2, {"a": 2.0})
+    first.close()
+    second.close()
+    files = sorted(tmp_path.glob("events.out.tfevents.*"))
+    assert len(files) == 2
+    for path in files:
+        events = [event_pb2.Event.FromString(r) for r in _records(path.read_bytes())]
+        assert [e.file_version for e in events[:1]] == ["brain.Event:2"] and len(events) == 2

@@ -14,44 +14,53 @@ from typing import Any
 
 VAL_FILES = 16
 
-# The programs of the last setup in this process, keyed by every hyperparameter that
-# shapes them: an inline search relaunches a trial in the same process (a preemption, a
-# PBT parent continuing), and reusing its jitted steps skips the retrace, the lowering
-# and the compile (or compile-cache read) of each (seconds per launch on CPU).
+# The programs of the last setup in this process, keyed by what shapes them: an inline
+# search launches trials one after another in one process (PBT's rounds, a preemption's
+# relaunch), and reusing the jitted steps skips the retrace, the lowering and the compile
+# (or compile-cache read) of each, seconds per launch on CPU.
 _PROGRAMS: dict[tuple, dict[str, Any]] = {}
 
 
 def _program_key(hparams: dict[str, Any]) -> tuple:
+    """What the programs depend on: shapes, the engine's seed and the schedule.
+
+    A constant learning rate and the weight decay are not in it: with
+    ``inject_hyperparams`` they live in the optimizer state, so the update program reads
+    them from there (a warmup schedule's peak is a constant of the program, so it is).
+    """
+    warmup = int(hparams.get("warmup", 0))
     return (
         int(hparams.get("seq", 32)),
         int(hparams.get("batch", 8)),
         int(hparams.get("seed", 0)),
-        int(hparams.get("files", 200)),
-        int(hparams.get("warmup", 0)),
-        float(hparams["lr"]),
-        float(hparams.get("weight_decay", 0.0)),
+        warmup,
+        float(hparams["lr"]) if warmup else None,
     )
 
 
-def _programs(key: tuple) -> dict[str, Any]:
-    """Engine, model factory, optimizer, plan and jitted steps for ``key`` (one kept)."""
-    if key in _PROGRAMS:
-        return _PROGRAMS[key]
+def _optimizer(hparams: dict[str, Any]) -> Any:
     import optax
 
+    warmup = int(hparams.get("warmup", 0))
+    lr = float(hparams["lr"])
+    schedule = optax.linear_schedule(0.0, lr, warmup) if warmup else lr
+    # The learning rate and weight decay live in the optimizer state (not as constants in
+    # the program), so trials that differ only in them run the same programs.
+    return optax.inject_hyperparams(optax.adamw)(
+        learning_rate=schedule, weight_decay=float(hparams.get("weight_decay", 0.0))
+    )
+
+
+def _programs(key: tuple, optimizer: Any) -> dict[str, Any]:
+    """Engine, model factory, plan and jitted steps for ``key`` (the last one is kept)."""
+    if key in _PROGRAMS:
+        return _PROGRAMS[key]
     import jaxcore as jc
     from jaxcore.models import Transformer, TransformerConfig, lm_loss
 
-    seq, _batch, seed, _files, warmup, lr, weight_decay = key
+    seq, _batch, seed, _warmup, _lr = key
     cfg = TransformerConfig.tiny(max_seq_len=seq)
     engine = jc.Engine(parallel=jc.ParallelConfig(fsdp=-1), seed=seed)
-    schedule = optax.linear_schedule(0.0, lr, warmup) if warmup else lr
-    # The learning rate and weight decay live in the optimizer state (not as constants in
-    # the program), so trials that differ only in them compile to the same XLA program
-    # and a persistent compilation cache serves every trial after the first.
-    optimizer = optax.inject_hyperparams(optax.adamw)(
-        learning_rate=schedule, weight_decay=weight_decay
-    )
 
     def factory(rngs: Any) -> Any:
         return Transformer(cfg, rngs=rngs)
@@ -61,7 +70,6 @@ def _programs(key: tuple) -> dict[str, Any]:
     _PROGRAMS[key] = dict(
         engine=engine,
         cfg=cfg,
-        optimizer=optimizer,
         factory=factory,
         plan=plan,
         train_step=plan.train_step(lm_loss),
@@ -72,19 +80,21 @@ def _programs(key: tuple) -> dict[str, Any]:
 
 
 def setup(hparams: dict[str, Any]) -> dict[str, Any]:
-    """Engine, model factory, optimizer, plan, jitted steps and loaders for ``hparams``.
+    """Engine, model factory, this trial's optimizer, plan, jitted steps and loaders.
 
-    The programs are shared with the previous call of this process when every
-    hyperparameter that shapes them is the same; the loaders are always new.
+    The plan and steps are shared with the previous call of this process when the
+    programs are the same (`_program_key`); a state the shared plan initialises carries
+    that call's optimizer values until `TrialContext.hparams_into` puts this trial's in
+    (`train` does). The optimizer and the loaders are always this call's.
     """
     import grain
 
     import jaxcore as jc
 
-    key = _program_key(hparams)
-    seq, batch, seed, files = key[:4]
-    env = dict(_programs(key))
-    docs = grain.MapDataset.source(jc.stdlib_source(max_files=files))
+    optimizer = _optimizer(hparams)
+    env = dict(_programs(_program_key(hparams), optimizer), optimizer=optimizer)
+    seq, batch, seed = (int(hparams.get(k, d)) for k, d in (("seq", 32), ("batch", 8), ("seed", 0)))
+    docs = grain.MapDataset.source(jc.stdlib_source(max_files=int(hparams.get("files", 200))))
     train_docs, val_docs = docs[:-VAL_FILES], docs[-VAL_FILES:]
     env["loader"] = jc.Loader(
         train_docs,
@@ -136,6 +146,8 @@ def train(ctx: Any, *, on_step: Any = None, on_restore: Any = None) -> None:
     # The restored optimizer state gets this trial's lr and weight decay (hparams_into):
     # a PBT child trains with its own hyperparameters, not its parent's.
     state, loader = ctx.restore(env["plan"], optimizer=env["optimizer"], loader=env["loader"])
+    if ctx.start_step == 0:  # a fresh state from a shared plan: this trial's values
+        state = ctx.hparams_into(state, env["optimizer"])
     if on_restore is not None:
         on_restore(ctx, state)
     step_fn = env["train_step"]

@@ -138,18 +138,29 @@ def test_pbt_children_train_with_their_own_learning_rate(tmp_path):
     assert restored >= len(children) + 1  # the children and the surviving parent
 
 
-def test_setup_shares_programs_only_between_equal_hparams():
-    """A relaunch in the same process reuses the jitted steps; other hparams do not."""
+def test_setup_shares_programs_only_where_they_are_the_same():
+    """Launches in one process reuse the jitted steps when only values in the optimizer
+    state differ; a fresh state from the shared plan then gets its own trial's values."""
+    from jaxcore.experiments.trial_context import apply_hyperparams
+
     a = tinylm.setup(TINY)
-    b = tinylm.setup({**TINY, "preempt": "flag@4"})  # not a hyperparameter of the model
+    b = tinylm.setup({**TINY, "lr": 1e-3, "weight_decay": 0.1, "files": 41, "preempt": "x"})
     try:
         assert b["train_step"] is a["train_step"] and b["eval_step"] is a["eval_step"]
         assert b["plan"] is a["plan"] and b["loader"] is not a["loader"]
+        assert b["optimizer"] is not a["optimizer"]
+        state = b["plan"].init()
+        assert tinylm.effective_lr(state) == pytest.approx(TINY["lr"])  # a's, until:
+        state = state.replace(
+            opt_state=apply_hyperparams(state.opt_state, b["optimizer"], state.params)
+        )
+        assert tinylm.effective_lr(state) == pytest.approx(1e-3)
     finally:
         a["loader"].close()
         b["loader"].close()
-    # Every hyperparameter setup reads is part of the key (no setup needed to see it).
+    # What shapes the programs is in the key (no setup needed to see it).
     key = tinylm._program_key(TINY)
-    changed = {"seq": 16, "batch": 4, "seed": 1, "files": 41, "warmup": 2, "lr": 1e-3}
-    for name, value in {**changed, "weight_decay": 0.1}.items():
+    for name, value in {"seq": 16, "batch": 4, "seed": 1, "warmup": 2}.items():
         assert tinylm._program_key({**TINY, name: value}) != key, name
+    warm = {**TINY, "warmup": 2}  # a schedule's peak is a constant of the program
+    assert tinylm._program_key({**warm, "lr": 1e-3}) != tinylm._program_key(warm)

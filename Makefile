@@ -5,7 +5,7 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 # Extras that `make test` installs so every optional part's tests run in CI.
-TEST_EXTRAS := test,data,data-ray,torchbridge,serve,inference-test,experiments,ui,notebook
+TEST_EXTRAS := test,data,data-ray,torchbridge,serve,inference-test,experiments,experiments-test,ui,notebook
 # XLA's CPU runtime returns large buffers to the OS every step and faults them back in;
 # these glibc settings removed that (1.36x faster steps, PERF-NOTES.md).
 export GLIBC_TUNABLES ?= glibc.malloc.hugetlb=1:glibc.malloc.mmap_max=0:glibc.malloc.trim_threshold=68719476736

@@ -184,7 +184,9 @@ class ExperimentLoop:
         progress: bool = False,
         ray_address: str | None = None,
     ):
-        check_entrypoint(config.entrypoint)  # before any store, directory or launch
+        # Checked before any store, directory or launch; the inline executor calls this
+        # function (a file entrypoint is not re-run for every trial).
+        self.entrypoint = check_entrypoint(config.entrypoint)
         self.config = config
         self.store = store or Store(config.database_url)
         self.progress = progress

@@ -14,47 +14,94 @@ from typing import Any
 
 VAL_FILES = 16
 
+# The programs of the last setup in this process, keyed by what shapes them: an inline
+# search launches trials one after another in one process (PBT's rounds, a preemption's
+# relaunch), and reusing the jitted steps skips the retrace, the lowering and the compile
+# (or compile-cache read) of each, seconds per launch on CPU.
+_PROGRAMS: dict[tuple, dict[str, Any]] = {}
 
-def setup(hparams: dict[str, Any]) -> dict[str, Any]:
-    """Engine, model factory, optimizer, loaders and the jitted steps for ``hparams``."""
-    import grain
+
+def _program_key(hparams: dict[str, Any]) -> tuple:
+    """What the programs depend on: shapes, the engine's seed and the schedule.
+
+    A constant learning rate and the weight decay are not in it: with
+    ``inject_hyperparams`` they live in the optimizer state, so the update program reads
+    them from there (a warmup schedule's peak is a constant of the program, so it is).
+    """
+    warmup = int(hparams.get("warmup", 0))
+    return (
+        int(hparams.get("seq", 32)),
+        int(hparams.get("batch", 8)),
+        int(hparams.get("seed", 0)),
+        warmup,
+        float(hparams["lr"]) if warmup else None,
+    )
+
+
+def _optimizer(hparams: dict[str, Any]) -> Any:
     import optax
 
-    import jaxcore as jc
-    from jaxcore.models import Transformer, TransformerConfig, lm_loss
-
-    seq = int(hparams.get("seq", 32))
-    batch = int(hparams.get("batch", 8))
-    seed = int(hparams.get("seed", 0))
-    cfg = TransformerConfig.tiny(max_seq_len=seq)
-    engine = jc.Engine(parallel=jc.ParallelConfig(fsdp=-1), seed=seed)
-    docs = grain.MapDataset.source(jc.stdlib_source(max_files=int(hparams.get("files", 200))))
-    train_docs, val_docs = docs[:-VAL_FILES], docs[-VAL_FILES:]
     warmup = int(hparams.get("warmup", 0))
     lr = float(hparams["lr"])
     schedule = optax.linear_schedule(0.0, lr, warmup) if warmup else lr
     # The learning rate and weight decay live in the optimizer state (not as constants in
-    # the program), so trials that differ only in them compile to the same XLA program
-    # and a persistent compilation cache serves every trial after the first.
-    optimizer = optax.inject_hyperparams(optax.adamw)(
+    # the program), so trials that differ only in them run the same programs.
+    return optax.inject_hyperparams(optax.adamw)(
         learning_rate=schedule, weight_decay=float(hparams.get("weight_decay", 0.0))
     )
-    loader = jc.Loader(
-        train_docs,
-        jc.InputConfig(global_batch_size=batch, seq_len=seq, seed=seed, prefetch=2, num_threads=1),
-        engine.batch_sharding,
-    )
-    return dict(
+
+
+def _programs(key: tuple, optimizer: Any) -> dict[str, Any]:
+    """Engine, model factory, plan and jitted steps for ``key`` (the last one is kept)."""
+    if key in _PROGRAMS:
+        return _PROGRAMS[key]
+    import jaxcore as jc
+    from jaxcore.models import Transformer, TransformerConfig, lm_loss
+
+    seq, _batch, seed, _warmup, _lr = key
+    cfg = TransformerConfig.tiny(max_seq_len=seq)
+    engine = jc.Engine(parallel=jc.ParallelConfig(fsdp=-1), seed=seed)
+
+    def factory(rngs: Any) -> Any:
+        return Transformer(cfg, rngs=rngs)
+
+    plan = engine.plan(factory, optimizer)
+    _PROGRAMS.clear()  # one model's programs at a time: a grid over shapes stays small
+    _PROGRAMS[key] = dict(
         engine=engine,
         cfg=cfg,
-        optimizer=optimizer,
-        loader=loader,
-        factory=lambda rngs: Transformer(cfg, rngs=rngs),
-        val_docs=val_docs,
-        batch=batch,
-        seq=seq,
+        factory=factory,
+        plan=plan,
+        train_step=plan.train_step(lm_loss),
+        eval_step=plan.eval_step(lm_loss),
         loss_fn=lm_loss,
     )
+    return _PROGRAMS[key]
+
+
+def setup(hparams: dict[str, Any]) -> dict[str, Any]:
+    """Engine, model factory, this trial's optimizer, plan, jitted steps and loaders.
+
+    The plan and steps are shared with the previous call of this process when the
+    programs are the same (`_program_key`); a state the shared plan initialises carries
+    that call's optimizer values until `TrialContext.hparams_into` puts this trial's in
+    (`train` does). The optimizer and the loaders are always this call's.
+    """
+    import grain
+
+    import jaxcore as jc
+
+    optimizer = _optimizer(hparams)
+    env = dict(_programs(_program_key(hparams), optimizer), optimizer=optimizer)
+    seq, batch, seed = (int(hparams.get(k, d)) for k, d in (("seq", 32), ("batch", 8), ("seed", 0)))
+    docs = grain.MapDataset.source(jc.stdlib_source(max_files=int(hparams.get("files", 200))))
+    train_docs, val_docs = docs[:-VAL_FILES], docs[-VAL_FILES:]
+    env["loader"] = jc.Loader(
+        train_docs,
+        jc.InputConfig(global_batch_size=batch, seq_len=seq, seed=seed, prefetch=2, num_threads=1),
+        env["engine"].batch_sharding,
+    )
+    return dict(env, val_docs=val_docs, batch=batch, seq=seq)
 
 
 def val_batches(env: dict[str, Any], n: int = 4) -> list[Any]:
@@ -73,7 +120,7 @@ def val_batches(env: dict[str, Any], n: int = 4) -> list[Any]:
 def evaluate(env: dict[str, Any], state: Any, batches: list[Any]) -> float:
     import jaxcore as jc
 
-    evaluate = env.setdefault("eval_step", env["engine"].eval_step(env["loss_fn"]))
+    evaluate = env["eval_step"]
     mean = jc.MeanMetrics()
     for b in batches:
         mean.update(evaluate(state, b))
@@ -98,10 +145,12 @@ def train(ctx: Any, *, on_step: Any = None, on_restore: Any = None) -> None:
     ctx.model_config = dataclasses.asdict(env["cfg"])  # registered versions carry it
     # The restored optimizer state gets this trial's lr and weight decay (hparams_into):
     # a PBT child trains with its own hyperparameters, not its parent's.
-    state, loader = ctx.restore(env["engine"], env["factory"], env["optimizer"], env["loader"])
+    state, loader = ctx.restore(env["plan"], optimizer=env["optimizer"], loader=env["loader"])
+    if ctx.start_step == 0:  # a fresh state from a shared plan: this trial's values
+        state = ctx.hparams_into(state, env["optimizer"])
     if on_restore is not None:
         on_restore(ctx, state)
-    step_fn = env["engine"].train_step(env["loss_fn"])
+    step_fn = env["train_step"]
     held_out = val_batches(env)
     step = ctx.start_step
     try:

@@ -37,6 +37,7 @@ import pathlib
 import shutil
 import signal
 import socket
+import sys
 import threading
 import time
 from typing import Any, Protocol
@@ -208,11 +209,10 @@ class TrialContext:
         if not self._tb_enabled:
             return
         if self._tb is None:
-            from tensorboardX import SummaryWriter
+            from jaxcore.experiments.tb_events import ScalarEventWriter
 
-            self._tb = SummaryWriter(str(self.trial_dir / "tensorboard"), flush_secs=5)
-        for k, v in values.items():
-            self._tb.add_scalar(f"{kind}/{k}", v, step)
+            self._tb = ScalarEventWriter(self.trial_dir / "tensorboard")
+        self._tb.add(step, {f"{kind}/{k}": v for k, v in values.items()})
 
     # ----------------------------------------------------------------- checkpoints
     def checkpointer(self) -> Any:
@@ -238,10 +238,8 @@ class TrialContext:
         The checkpoint is recorded in the store with ``metrics`` (default: the last
         validation), which ranks it for ``save_trial_best``/``save_experiment_best``.
         """
-        from jaxcore.state import TrainState
-
         values = {k: float(v) for k, v in (metrics or self._last_validation).items()}
-        if isinstance(state, TrainState):
+        if _is_train_state(state):
             import jax
 
             from jaxcore.checkpoint import Preempted
@@ -310,10 +308,10 @@ class TrialContext:
     ) -> Any:
         """Resume from this trial's latest checkpoint (or its PBT parent's), else start.
 
-        With an engine: ``(state, loader)`` as from `Checkpointer.restore_or_init`, with
-        the optimizer's hyperparameters taken from ``optimizer`` (`hparams_into`), not
-        from the checkpoint. Without one: the saved plain state, or ``None`` when there
-        is none. Sets ``start_step``.
+        With an engine (or a `TrainPlan`): ``(state, loader)`` as from
+        `Checkpointer.restore_or_init`, with the optimizer's hyperparameters taken from
+        ``optimizer`` (`hparams_into`), not from the checkpoint. Without one: the saved
+        plain state, or ``None`` when there is none. Sets ``start_step``.
         """
         if engine is not None:
             ckpt = self.checkpointer()
@@ -361,6 +359,14 @@ class Trial:
 
     def run(self) -> None:
         raise NotImplementedError("a Trial subclass implements run()")
+
+
+def _is_train_state(state: Any) -> bool:
+    """Whether ``state`` is a `jaxcore.TrainState`, without importing JAX to find out: a
+    plain-state trial never loaded ``jaxcore.state``, and its process need not (~1.5
+    CPU-s at every checkpoint's first call)."""
+    module = sys.modules.get("jaxcore.state")
+    return module is not None and isinstance(state, module.TrainState)
 
 
 def trial_dir(experiment: dict[str, Any], trial_id: int) -> pathlib.Path:

@@ -135,13 +135,13 @@ class InlineTrialExecutor(TrialExecutor):
         return 1
 
     def launch(self, trial_id: int, env: dict[str, str], log_path: pathlib.Path) -> int | None:
-        from jaxcore.experiments.runner import call_entrypoint, load_entrypoint
+        from jaxcore.experiments.runner import call_entrypoint
         from jaxcore.experiments.trial_context import TrialContext
 
         ctx = TrialContext(store=self.loop.store, trial_id=trial_id, channel=self.loop.channel)
         code = 0
         try:
-            call_entrypoint(load_entrypoint(self.loop.config.entrypoint), ctx)
+            call_entrypoint(self.loop.entrypoint, ctx)
         except SystemExit as e:
             code = e.code if isinstance(e.code, int) else 1
         except Exception:

@@ -6,6 +6,7 @@ import math
 import os
 import random
 import signal
+import sys
 
 BEST_X = 0.7
 
@@ -146,9 +147,10 @@ def _wait_for_earlier_first_rung(ctx) -> None:
 def asha_ckpt(ctx) -> None:
     """`asha_quad` with a checkpoint every step and a log of what each process trained.
 
-    ``trained.log`` gets ``train <step> <pid>`` for every step trained and ``ckpt <step>
-    <pid>`` once its checkpoint is recorded, so a test can check that a restarted trial
-    resumed from the last checkpoint its earlier processes wrote.
+    ``trained.log`` gets ``train <step> <pid>`` for every step trained, ``save <step>
+    <pid>`` before its checkpoint and ``ckpt <step> <pid>`` once it is recorded, so a test
+    can check that a restarted trial resumed from the last checkpoint its earlier
+    processes wrote (or the one being written when the process died).
     """
     import time
 
@@ -163,11 +165,18 @@ def asha_ckpt(ctx) -> None:
             if step == ctx.milestones[0]:
                 _wait_for_earlier_first_rung(ctx)
             ctx.report(step, {"loss": asha_curve(x, step)})
+        with open(log, "a") as f:
+            f.write(f"save {step} {os.getpid()}\n")
         ctx.checkpoint({"x": x}, step=step)
         with open(log, "a") as f:
             f.write(f"ckpt {step} {os.getpid()}\n")
         if ctx.should_stop():
             break
+    # A pure-Python trial that reports, checkpoints and writes TensorBoard events needs
+    # neither JAX nor torch in its process (each costs seconds at every trial start).
+    heavy = sorted(m for m in ("jax", "torch") if m in sys.modules)
+    with open(ctx.trial_dir / "heavy_imports.log", "a") as f:
+        f.write(f"{os.getpid()} {','.join(heavy) or '-'}\n")
 
 
 def tiny_preempted(ctx) -> None:

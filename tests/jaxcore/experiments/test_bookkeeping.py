@@ -317,3 +317,29 @@ def test_cli_finds_the_store_and_never_creates_one_to_read(
     missing = f"sqlite:///{elsewhere / 'nope.db'}"
     assert main(["experiment", "list", "--db", missing]) == 2
     assert not (elsewhere / "nope.db").exists()
+
+
+def test_inline_trials_load_a_file_entrypoint_once(tmp_path):
+    """The loop checks the entrypoint once and its inline trials call that function: a
+    file with costly top-level imports is not re-run for every trial."""
+    runs = tmp_path / "module-runs.log"
+    trial_py = tmp_path / "counted_trial.py"
+    trial_py.write_text(
+        f"with open({str(runs)!r}, 'a') as f:\n"
+        "    f.write('run\\n')\n\n\n"
+        "def train(ctx):\n"
+        "    ctx.report(1, {'loss': ctx.hparams['x']})\n"
+    )
+    summary = run_experiment(
+        {
+            "name": "counted",
+            "entrypoint": f"{trial_py}:train",
+            "workdir": str(tmp_path / "work"),
+            "hyperparameters": {"x": {"type": "categorical", "vals": [3.0, 1.0, 2.0]}},
+            "searcher": {"name": "grid", "metric": "loss", "max_length": 1},
+        },
+        executor="inline",
+    )
+    assert summary.state == "COMPLETED" and summary.best_metric == 1.0
+    assert len(summary.trials) == 3
+    assert runs.read_text().splitlines() == ["run"]

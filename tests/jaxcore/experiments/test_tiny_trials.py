@@ -10,7 +10,7 @@ import pathlib
 
 import pytest
 
-from jaxcore.experiments import Registry, Store, parse_config, registry, run_experiment
+from jaxcore.experiments import Registry, Store, parse_config, registry, run_experiment, tinylm
 from jaxcore.experiments.trial_context import trial_dir
 from jaxcore.models import TransformerConfig
 from tests.jaxcore.experiments.conftest import entry
@@ -120,3 +120,31 @@ def test_pbt_children_train_with_their_own_learning_rate(tmp_path):
         parent = store.trial(child["parent_trial"])
         assert child["hparams"]["lr"] != pytest.approx(parent["hparams"]["lr"], rel=1e-3)
     assert restored >= len(children) + 1  # the children and the surviving parent
+
+
+def test_setup_shares_programs_only_where_they_are_the_same():
+    """Launches in one process reuse the jitted steps when only values in the optimizer
+    state differ; a fresh state from the shared plan then gets its own trial's values."""
+    from jaxcore.experiments.trial_context import apply_hyperparams
+
+    a = tinylm.setup(TINY)
+    b = tinylm.setup({**TINY, "lr": 1e-3, "weight_decay": 0.1, "files": 41, "preempt": "x"})
+    try:
+        assert b["train_step"] is a["train_step"] and b["eval_step"] is a["eval_step"]
+        assert b["plan"] is a["plan"] and b["loader"] is not a["loader"]
+        assert b["optimizer"] is not a["optimizer"]
+        state = b["plan"].init()
+        assert tinylm.effective_lr(state) == pytest.approx(TINY["lr"])  # a's, until:
+        state = state.replace(
+            opt_state=apply_hyperparams(state.opt_state, b["optimizer"], state.params)
+        )
+        assert tinylm.effective_lr(state) == pytest.approx(1e-3)
+    finally:
+        a["loader"].close()
+        b["loader"].close()
+    # What shapes the programs is in the key (no setup needed to see it).
+    key = tinylm._program_key(TINY)
+    for name, value in {"seq": 16, "batch": 4, "seed": 1, "warmup": 2}.items():
+        assert tinylm._program_key({**TINY, name: value}) != key, name
+    warm = {**TINY, "warmup": 2}  # a schedule's peak is a constant of the program
+    assert tinylm._program_key({**warm, "lr": 1e-3}) != tinylm._program_key(warm)

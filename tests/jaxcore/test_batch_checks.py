@@ -5,6 +5,7 @@ must exit with status 1 (an uncaught Python exception) and print the typed error
 what was wrong and how to fix it; a segfault would show as a negative status.
 """
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -33,12 +34,28 @@ CASES = {
 }
 
 
+@pytest.fixture(scope="module")
+def child_env(tmp_path_factory):
+    """The cases build the same plan: the first process compiles it, the rest read JAX's
+    persistent cache (every entry kept, however quick its compile)."""
+    return {
+        **os.environ,
+        "JAX_COMPILATION_CACHE_DIR": str(tmp_path_factory.mktemp("xla-cache")),
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+    }
+
+
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("case", list(CASES))
-def test_mistake_ends_in_a_typed_error(case):
+def test_mistake_ends_in_a_typed_error(case, child_env):
     error, words = CASES[case]
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), case], capture_output=True, text=True, timeout=900
+        [sys.executable, str(SCRIPT), case],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=child_env,
     )
     assert proc.returncode == 1, (proc.returncode, proc.stderr[-3000:])
     last = proc.stderr.strip().splitlines()

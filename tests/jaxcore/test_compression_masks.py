@@ -3,6 +3,7 @@ ZeRO-3, and exact per-layer sparsity."""
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 import optax
 import pytest
@@ -50,10 +51,15 @@ def test_gradual_schedule_matches_the_formula(s_f, frac, t0, n, dt, t):
     assert bool(sched.updates_at(t)) == due
 
 
+# Each (rows, cols) is a new XLA program: a few buckets (one column, a prime, the largest)
+# with free sparsity, ties and values check the count rule without ~40 compiles.
+_mask = jax.jit(magnitude_mask, static_argnames="stacked")
+
+
 @settings(max_examples=40, deadline=None)
 @given(
-    rows=st.integers(1, 4),
-    cols=st.integers(1, 40),
+    rows=st.sampled_from((1, 4)),
+    cols=st.sampled_from((1, 2, 7, 40)),
     sparsity=st.floats(0.0, 0.99),
     zeros=st.integers(0, 10),
     seed=st.integers(0, 2**16),
@@ -62,7 +68,7 @@ def test_magnitude_mask_prunes_the_smallest_exactly(rows, cols, sparsity, zeros,
     rng = np.random.default_rng(seed)
     w = rng.normal(size=(rows, cols)).astype(np.float32)
     w[:, : min(zeros, cols)] = 0.0  # ties at zero (already pruned weights)
-    mask = np.asarray(magnitude_mask(w, np.float32(sparsity), stacked=True))
+    mask = np.asarray(_mask(w, np.float32(sparsity), stacked=True))
     k = int(np.floor(np.float32(sparsity) * cols + 1e-4))
     for r in range(rows):
         assert (~mask[r]).sum() == k

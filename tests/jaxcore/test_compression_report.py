@@ -3,6 +3,7 @@ formulas and the inference package's bytes of its int8 weights."""
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 from flax import nnx
 
@@ -14,8 +15,12 @@ CFG = TransformerConfig.tiny(max_seq_len=32)
 
 
 def test_counts_match_the_model_and_inference():
-    params = nnx.to_pure_dict(nnx.state(Transformer(CFG, rngs=nnx.Rngs(0)), nnx.Param))
-    served = iq.quantize_weights(decoding_weights_of(params, CFG))
+    # One program each for the init and the int8 weights (op by op, every primitive of
+    # every initializer and per-weight quantization would compile on its own).
+    params = jax.jit(
+        lambda: nnx.to_pure_dict(nnx.state(Transformer(CFG, rngs=nnx.Rngs(0)), nnx.Param))
+    )()
+    served = jax.jit(iq.quantize_weights)(decoding_weights_of(params, CFG))
     assert weight_bytes(params, int8=True) == iq.weight_bytes(served)
     assert weight_bytes(params) == 4 * count_params(CFG)
     params["wq"] = np.asarray(params["wq"]).copy()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -18,10 +20,14 @@ CFG = TransformerConfig.tiny(
 )
 
 
+# Jitted by config: op-by-op, every primitive of the model (and of its gradient) would
+# compile on its own, once per shape.
+@partial(jax.jit, static_argnums=0)
 def init(cfg):
     return nnx.to_pure_dict(nnx.state(Transformer(cfg, rngs=nnx.Rngs(0)), nnx.Param))
 
 
+@partial(jax.jit, static_argnums=0)
 def forward(cfg, params, tokens):
     graphdef, state = nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))))
     nnx.replace_by_pure_dict(state, params)
@@ -38,10 +44,13 @@ def test_half_the_heads_removed_equals_masked(by, method):
     grads = None
     if method == "taylor":
 
-        def loss(p, t):
-            return lm_loss(lambda x: forward(CFG, p, x), {"tokens": t}, None)[0]
+        @jax.jit
+        def grad(p, t):
+            return jax.grad(
+                lambda p: lm_loss(lambda x: forward(CFG, p, x), {"tokens": t}, None)[0]
+            )(p)
 
-        grads = [jax.grad(loss)(params, TOKENS[:, :s]) for s in (17, 24)]
+        grads = [grad(params, TOKENS[:, :s]) for s in (17, 24)]
     scores = unit_scores(params, method=method, grads=grads)
     structure = select(CFG, scores, heads=0.5, neurons=0.5, by=by)
     small_cfg, small = shrink(params, CFG, structure)

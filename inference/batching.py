@@ -83,6 +83,10 @@ class Scheduler:
                 prefix_caching=engine.config.prefix_caching,
             )
         self._reserved: list[Reservation | None] = [None] * engine.config.slots
+        # Per slot: tokens its dispatches can have produced so far (prefill's one, plus
+        # decode_steps per decode dispatch it was active in) and the most it can produce.
+        self._issued = [0] * engine.config.slots
+        self._needed = [0] * engine.config.slots
         # Keys of requests without a seed: drawn from the engine's seed (a Generator draw
         # is microseconds; spawning a SeedSequence per request took milliseconds).
         self._seeds = np.random.default_rng(engine.config.seed)
@@ -247,12 +251,21 @@ class Scheduler:
                     with self._queue_lock:
                         self._queue.appendleft(request)
                     break
-        active = np.array([r is not None for r in self.slots])
+        # A slot whose dispatched tokens already reach its limit (max_tokens or the end of
+        # its context) sits this dispatch out, and with none left the dispatch is skipped:
+        # otherwise every wave ended with a whole K-step dispatch computed and dropped.
+        active = np.array(
+            [r is not None and self._issued[i] < self._needed[i] for i, r in enumerate(self.slots)]
+        )
         if active.any():
-            out = self.engine.decode_async(active)
+            greedy = all(_greedy(r.params) for r, on in zip(self.slots, active, strict=True) if on)
+            out = self.engine.decode_async(active, greedy=greedy)
             self._inflight.append(("decode", out, list(self.slots)))
+            steps = self.engine.config.decode_steps
+            for i in np.flatnonzero(active):
+                self._issued[i] += steps
             self.stats["decode_dispatches_total"] += 1
-            self.stats["decode_steps_total"] += self.engine.config.decode_steps
+            self.stats["decode_steps_total"] += steps
         for kind, out, holders in previous:
             if kind == "prefill":
                 self._deliver_prefill(out, holders)
@@ -420,6 +433,8 @@ class Scheduler:
         self.stats["prefill_tokens_computed_total"] += len(r.prompt) - start
         self.stats["prefix_cache_hit_tokens_total"] += start
         self.slots[slot] = r
+        self._issued[slot] = 1
+        self._needed[slot] = min(p.max_tokens, self.max_len - len(r.prompt))
         self._inflight.append(("prefill", out, (slot, r, reservation)))
         return True
 
@@ -458,6 +473,18 @@ class Scheduler:
             r.error = error
             r._finish("cancelled" if error is None else "error")
             r._notify()
+
+
+def _greedy(p: SamplingParams) -> bool:
+    """Whether a request can take the engine's greedy decode path: argmax, neutral
+    penalties, no reported alternatives (the chosen token's log-prob is still there)."""
+    return (
+        p.temperature == 0
+        and p.repetition_penalty == 1
+        and p.presence_penalty == 0
+        and p.frequency_penalty == 0
+        and not p.logprobs
+    )
 
 
 class _Single:

@@ -15,6 +15,7 @@ arrays in the slot state, so one compiled step serves any mix of requests.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 from typing import Any
 
@@ -27,11 +28,11 @@ from jax.sharding import NamedSharding
 import jaxcore as jc
 from inference import quantize as qz
 from inference.config import DTYPES, ServingConfig
+from inference.layer_cache import LayerKVCache, init_layer_cache, layer_decode_step, layer_insert
 from inference.placement import place
 from inference.sampling import MAX_TOP_LOGPROBS, penalize, sample_tokens, token_logprobs
 from inference.weights import build_model
 from jaxcore.models import (
-    KVCache,
     PagedKVCache,
     Transformer,
     TransformerConfig,
@@ -51,7 +52,7 @@ log = logging.getLogger(__name__)
 class SlotState(struct.PyTreeNode):
     """Everything the decode step carries per slot (donated from step to step)."""
 
-    cache: KVCache | PagedKVCache
+    cache: LayerKVCache | PagedKVCache
     tokens: jax.Array  # (slots,) the last token of each slot: the next decode input
     alive: jax.Array  # (slots,) bool: still generating (cleared on device at a stop)
     keys: jax.Array  # (slots, 2) uint32 raw key data
@@ -271,7 +272,7 @@ class SlotEngine:
                 self.dtype,
             )
         else:
-            cache = self.decoder.init_cache(n, self.max_len, self.dtype)
+            cache = init_layer_cache(self.model_config, n, self.max_len, self.dtype)
         state = SlotState(
             cache=cache,
             tokens=zeros_i(),
@@ -298,8 +299,12 @@ class SlotEngine:
         if self.paged:
             pages = self.placement.pages
             cache_sh = PagedKVCache(k=pages, v=pages, tables=s, lengths=s)
-        else:
-            cache_sh = KVCache(k=self.cache_sharding, v=self.cache_sharding, lengths=s)
+        else:  # the stacked cache's sharding, less its layers axis, for every layer
+            layer = NamedSharding(
+                self.mesh, type(self.cache_sharding.spec)(*self.cache_sharding.spec[1:])
+            )
+            per_layer = (layer,) * self.model_config.n_layers
+            cache_sh = LayerKVCache(k=per_layer, v=per_layer, lengths=s)
         fields = {f.name: s for f in dataclasses.fields(SlotState) if f.name != "cache"}
         self.state_shardings = SlotState(cache=cache_sh, **fields)
         decoder, matmul, rep = self.decoder, self.matmul, self.replicated
@@ -309,7 +314,7 @@ class SlotEngine:
         def decode_step(weights, tokens, cache, active):
             if paged:
                 return paged_decode_step(cfg, weights, tokens, cache, active=active, matmul=matmul)
-            return decoder.decode_step(weights, tokens, cache, active=active, matmul=matmul)
+            return layer_decode_step(cfg, weights, tokens, cache, active=active, matmul=matmul)
 
         def fill(weights, cache, tokens, start, length, slot, table_row, copy):
             """Prefill into the slot: logits of every prompt position, and the cache."""
@@ -324,7 +329,7 @@ class SlotEngine:
                 )
                 return paged_extend(cfg, weights, tokens, start, length, cache, slot, matmul=matmul)
             logits, prefix = decoder.prefill(weights, tokens[None, :], matmul=matmul)
-            return logits[0], decoder.insert(cache, prefix, slot, length)
+            return logits[0], layer_insert(cache, prefix, slot, length)
 
         def draw(logits, st: SlotState):
             """Penalties, min_tokens and the per-slot sampler on ``logits: (slots, vocab)``."""
@@ -383,21 +388,40 @@ class SlotEngine:
             first = (token[0], lp[0], top_ids[0], top_lp[0])
             return new, first, prompt_out
 
-        def decode(weights, state: SlotState, active):
+        def decode(weights, state: SlotState, active, *, greedy: bool):
+            """``steps`` decode steps. ``greedy``: the fast path for slots that are all
+            greedy, unpenalized and report no alternatives: argmax and the chosen token's
+            log-prob only (no penalties, keys, sampler, top-k or rank per step; the same
+            tokens, since neutral penalties return the logits bit for bit). It leaves
+            ``seen`` / ``counts`` alone: only penalized requests read them, and those
+            always take the full path."""
+
             def one_step(st: SlotState, _):
                 live = active & st.alive
                 logits, cache = decode_step(weights, st.tokens, st.cache, live)
-                token = jnp.where(live, draw(logits, st), st.tokens)
-                lp, _, top_ids, top_lp = token_logprobs(logits, token, MAX_TOP_LOGPROBS)
-                rows = jnp.arange(token.shape[0])
-                grown = live.astype(jnp.int32)
-                st = st.replace(
-                    cache=cache,
-                    tokens=token,
-                    counters=st.counters + grown,
-                    seen=st.seen.at[rows, token].max(live),
-                    counts=st.counts.at[rows, token].add(grown),
-                )
+                if greedy:
+                    banned = st.stop_mask & (st.counters < st.min_tokens)[:, None]
+                    picked = jnp.argmax(jnp.where(banned, -jnp.inf, logits), axis=-1)
+                    token = jnp.where(live, picked.astype(jnp.int32), st.tokens)
+                    logp = jax.nn.log_softmax(logits, axis=-1)
+                    lp = jnp.take_along_axis(logp, token[:, None], axis=-1)[:, 0]
+                    top_ids = jnp.zeros((token.shape[0], 0), jnp.int32)
+                    top_lp = jnp.zeros((token.shape[0], 0), jnp.float32)
+                    st = st.replace(
+                        cache=cache, tokens=token, counters=st.counters + live.astype(jnp.int32)
+                    )
+                else:
+                    token = jnp.where(live, draw(logits, st), st.tokens)
+                    lp, _, top_ids, top_lp = token_logprobs(logits, token, MAX_TOP_LOGPROBS)
+                    rows = jnp.arange(token.shape[0])
+                    grown = live.astype(jnp.int32)
+                    st = st.replace(
+                        cache=cache,
+                        tokens=token,
+                        counters=st.counters + grown,
+                        seen=st.seen.at[rows, token].max(live),
+                        counts=st.counts.at[rows, token].add(grown),
+                    )
                 st = st.replace(
                     alive=jnp.where(live, still_alive(st, token, cache.lengths), st.alive)
                 )
@@ -414,16 +438,21 @@ class SlotEngine:
             donate_argnums=(1,),
             compiler_options=options,
         )
-        self._decode = jax.jit(
-            decode,
-            out_shardings=(self.state_shardings, rep),
-            donate_argnums=(1,),
-            compiler_options=options,
+        self._decode, self._decode_greedy = (
+            jax.jit(
+                functools.partial(decode, greedy=greedy),
+                out_shardings=(self.state_shardings, rep),
+                donate_argnums=(1,),
+                compiler_options=options,
+            )
+            for greedy in (False, True)
         )
 
     def compile_count(self) -> int:
-        """Compiled variants of the serving functions so far (one per bucket + one decode)."""
-        return self._prefill_insert._cache_size() + self._decode._cache_size()
+        """Compiled variants of the serving functions so far (one per bucket + the two
+        decodes: full and greedy)."""
+        decodes = self._decode._cache_size() + self._decode_greedy._cache_size()
+        return self._prefill_insert._cache_size() + decodes
 
     def warmup(self) -> None:
         """Compile every bucket and the decode step now (then nothing compiles at runtime)."""
@@ -431,7 +460,8 @@ class SlotEngine:
         for bucket in self.buckets:
             key = np.zeros(2, np.uint32)
             fetch_prefill(self.prefill_async(0, [0] * bucket, SlotSettings(key=key), pages=pages))
-        self.decode(np.zeros(self.config.slots, bool))
+        for greedy in (False, True):
+            self.decode(np.zeros(self.config.slots, bool), greedy=greedy)
         self.state = self.empty_state()
 
     # ------------------------------------------------------------------ host API
@@ -510,16 +540,22 @@ class SlotEngine:
             pages = np.arange(1, 1 + self.pages_per_slot, dtype=np.int32) % self.num_pages
         return fetch_prefill(self.prefill_async(slot, prompt, settings, pages=pages))
 
-    def decode_async(self, active: np.ndarray) -> Any:
+    def decode_async(self, active: np.ndarray, *, greedy: bool = False) -> Any:
         """Dispatch ``decode_steps`` decode steps and return their device outputs without
-        waiting: the host works on the previous dispatch's tokens while these run."""
-        self.state, out = self._decode(self.weights, self.state, np.asarray(active, bool))
+        waiting: the host works on the previous dispatch's tokens while these run.
+
+        ``greedy=True`` takes the fast path: only for when every active slot's request is
+        greedy (temperature 0), has neutral penalties and reports no top alternatives;
+        its outputs carry no alternatives (``top_ids`` has width 0).
+        """
+        fn = self._decode_greedy if greedy else self._decode
+        self.state, out = fn(self.weights, self.state, np.asarray(active, bool))
         return out
 
-    def decode(self, active: np.ndarray) -> StepOutput:
+    def decode(self, active: np.ndarray, *, greedy: bool = False) -> StepOutput:
         """``decode_steps`` tokens for every live slot (rows where ``active`` is false, or
         that stopped on device, are not advanced)."""
-        return fetch(self.decode_async(active))
+        return fetch(self.decode_async(active, greedy=greedy))
 
 
 _SETTING_FIELDS = (

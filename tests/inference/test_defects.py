@@ -106,10 +106,10 @@ class _Gate:
         self.entered = threading.Event()
         real = engine.decode_async
 
-        def gated(active):
+        def gated(active, **kwargs):
             self.entered.set()
             self.open.wait(30)
-            return real(active)
+            return real(active, **kwargs)
 
         monkeypatch.setattr(engine, "decode_async", gated)
 

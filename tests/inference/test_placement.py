@@ -32,19 +32,19 @@ def test_the_kv_cache_follows_the_kv_heads_rule():
     params = init_params(CFG, seed=0)
     parallel = jc.ParallelConfig(data=4, tensor=2, fsdp=1)
     on_tensor = SlotEngine(CFG, params, ServingConfig(slots=4, parallel=parallel))
-    assert on_tensor.state.cache.k.sharding.spec[2] == "tensor"
+    assert on_tensor.state.cache.k[0].sharding.spec[1] == "tensor"  # layer 0's cache
     assert on_tensor.weights["blocks"][0]["wk"].sharding.spec[1] == "tensor"  # layer 0
-    assert on_tensor.state.cache.k.sharding.spec[1] == "data"  # slots like the batch
+    assert on_tensor.state.cache.k[0].sharding.spec[0] == "data"  # slots like the batch
     replicated = SlotEngine(
         CFG, params, ServingConfig(slots=4, parallel=parallel, rules=_rules(kv_heads=None))
     )
-    assert replicated.state.cache.k.sharding.spec[2] is None
+    assert replicated.state.cache.k[0].sharding.spec[1] is None
     assert replicated.weights["blocks"][0]["wk"].sharding.spec[1] is None
     assert replicated.weights["blocks"][0]["wq"].sharding.spec[1] == "tensor"  # heads unchanged
     moved = SlotEngine(
         CFG, params, ServingConfig(slots=4, parallel=parallel, rules=_rules(batch=None))
     )
-    assert tuple(moved.state.cache.k.sharding.spec)[1:3] == (None, "tensor")
+    assert tuple(moved.state.cache.k[0].sharding.spec)[0:2] == (None, "tensor")
     assert moved.state.tokens.sharding.spec == jax.sharding.PartitionSpec(None)
 
 

@@ -31,9 +31,9 @@ def test_tensor2_data4_equals_one_device():
     # The weights and the cache really are split: heads over tensor, slots over data.
     wq = sharded.weights["blocks"][0]["wq"]  # layer 0: (d_model, heads, head_dim)
     assert wq.addressable_shards[0].data.shape[1] == CFG.n_heads // 2
-    cache = sharded.state.cache.k
+    cache = sharded.state.cache.k[0]  # layer 0: (slots, kv_heads, length, head_dim)
     assert len(cache.sharding.device_set) == 8
-    assert cache.addressable_shards[0].data.shape[1:3] == (8 // 4, CFG.n_kv_heads // 2)
+    assert cache.addressable_shards[0].data.shape[0:2] == (8 // 4, CFG.n_kv_heads // 2)
 
     rng = np.random.default_rng(0)
     work = [

@@ -230,25 +230,30 @@ def _pipelined(layer_fn, x, layer_params, per_example, ctx: trace_context.TraceC
             stage_params,
         )
 
-    def run_layers(h, params_r, *ex):
-        def body(c, p):
-            return layer_fn(c, p, *ex), None
+    def run_layers(h, layers, *ex):
+        # A stage's few layers unrolled in Python, each with its own weight arrays. As a
+        # loop nested in the schedule's loop they cost every iteration a zero-filled
+        # residual stack per layer input and a second copy of every residual into the outer
+        # loop's stack (M=16 CPU-time efficiency 0.635 -> 0.790, theory 0.842, when they
+        # were unrolled). The price is compile time that grows with the layers per stage.
+        for p in layers:
+            h = layer_fn(h, p, *ex)
+        return h
 
-        # Unrolled: a stage's few layers as a loop nested in the schedule's loop cost every
-        # iteration a zero-filled residual stack per layer input and a second copy of
-        # every residual into the outer loop's stack (and back out in the backward pass).
-        # Measured: M=16 CPU-time efficiency 0.635 -> 0.790 (theory 0.842). The price is
-        # compile time that grows with the layers per stage.
-        return jax.lax.scan(body, h, params_r, unroll=True)[0]
+    def split_layers(params: Any, axis: int) -> tuple[Any, ...]:
+        # Per-layer weights out of the stacked (..., Lps, ...) arrays. For GPipe this runs
+        # once, before the loop: slicing inside it copied every layer's weights out of the
+        # stack in every iteration, forward and backward (28 slice copies, 3.4 MB per
+        # device and iteration in pipeline_bubble's model, the same at any M).
+        take = lambda j: jax.tree.map(lambda p: jnp.take(p, j, axis=axis), params)
+        return tuple(take(j) for j in range(lps))
 
-    def run_stage(h, params_r, *ex):
+    def run_stage(h, layers, *ex):
         if shards == 1:
-            return run_layers(h, params_r, *ex)
+            return run_layers(h, layers, *ex)
         split = lambda a: a.reshape((shards, a.shape[0] // shards, *a.shape[1:]))
         with trace_context.tracing(inner_ctx):  # the batch axes are the vmap's now
-            out = jax.vmap(run_layers, spmd_axis_name=batch_axes)(
-                split(h), params_r, *map(split, ex)
-            )
+            out = jax.vmap(run_layers, spmd_axis_name=batch_axes)(split(h), layers, *map(split, ex))
         return out.reshape(h.shape)
 
     # The shift between stages as an explicit ppermute over ``pipeline`` only (the other
@@ -267,21 +272,24 @@ def _pipelined(layer_fn, x, layer_params, per_example, ctx: trace_context.TraceC
     stages = jnp.arange(S)
     is_first = lambda a: (stages == 0).reshape((S,) + (1,) * (a.ndim - 1))
     p_dim = 2 if shards > 1 else 1  # where the repeat axis sits in stage_params
-    if R == 1:  # GPipe: a static slice, no per-iteration gather of the weights
-        gpipe_params = jax.tree.map(lambda p: jnp.take(p, 0, axis=p_dim), stage_params)
+    if R == 1:  # GPipe: static slices, no per-iteration gather or copy of the weights
+        gpipe_layers = split_layers(
+            jax.tree.map(lambda p: jnp.take(p, 0, axis=p_dim), stage_params), p_dim
+        )
 
     def iteration(carry, feed_t):
         t, state, loop = carry
         x_next, ex_now = feed_t[0], feed_t[1:]
         if R == 1:
-            params_now = gpipe_params
+            layers_now = gpipe_layers
         else:
             repeat = jnp.clip((t - stages) // M, 0, R - 1)
             params_now = jax.tree.map(
                 lambda p: jax.vmap(lambda ps, r: jnp.take(ps, r, axis=p_dim - 1))(p, repeat),
                 stage_params,
             )
-        out = on_stages(jax.vmap(run_stage, spmd_axis_name="pipeline")(state, params_now, *ex_now))
+            layers_now = split_layers(params_now, p_dim)
+        out = on_stages(jax.vmap(run_stage, spmd_axis_name="pipeline")(state, layers_now, *ex_now))
         first = x_next
         # Stage s's output to stage s+1: one collective-permute forward, one backward. GPipe
         # sends the last stage's output nowhere (stage 0 takes a fresh microbatch);

@@ -156,6 +156,9 @@ class PPOTrainer:
         self._values = value_scorer(self.critic_engine)
         self._actor_step = self.actor_engine.train_step(self._policy_loss)
         self._critic_step = self.critic_engine.train_step(self._value_loss)
+        # One program for every iteration: the adaptive KL coefficient is an argument, not
+        # a constant traced into it (as a Python float it recompiled on each update).
+        self._advantages_fn = jax.jit(self._advantages)
         sampler.load(self.actor_engine.bind(self.actor))
 
     def _park(self) -> None:
@@ -200,10 +203,10 @@ class PPOTrainer:
         )
         return loss, {"value_clip_frac": frac}
 
-    def _advantages(self, scores, old, ref, values, mask):
+    def _advantages(self, scores, old, ref, values, mask, kl_coef):
         c = self.config
         kl = L.kl_estimate(old, ref, c.kl_estimator) * mask
-        rewards = L.ppo_rewards(scores, kl, mask, self.kl_ctl.value)
+        rewards = L.ppo_rewards(scores, kl, mask, kl_coef)
         if c.whiten_rewards:
             rewards = L.masked_whiten(rewards, mask, shift_mean=False)
         adv, returns = L.gae(rewards, values, mask, c.gamma, c.lam)
@@ -240,8 +243,13 @@ class PPOTrainer:
         scores = L.clip_rewards(scores, c.reward_clip)
         adv, returns, seq_kl = (
             np.asarray(x)
-            for x in jax.jit(self._advantages)(
-                scores, jnp.asarray(old), jnp.asarray(ref), jnp.asarray(values), jnp.asarray(mask)
+            for x in self._advantages_fn(
+                scores,
+                jnp.asarray(old),
+                jnp.asarray(ref),
+                jnp.asarray(values),
+                jnp.asarray(mask),
+                np.float32(self.kl_ctl.value),
             )
         )
         data = {

@@ -9,6 +9,7 @@ from rlhf.models import lm_factory, scalar_head_factory
 from rlhf.ppo import PPOConfig, PPOTrainer
 from rlhf.rollout import Sampler
 
+from ..inference.helpers import count_compiles
 from .helpers import CFG, adam, count_good, engine, prompts
 
 ITERATIONS = 10  # the fixed budget: 10 rollouts of 32 completions of 8 tokens, 4 epochs
@@ -21,7 +22,12 @@ def test_ppo_raises_reward_with_kl_under_the_controllers_target():
     sampler = Sampler(CFG, state.params, ServingConfig(slots=32, max_len=16))
     config = PPOConfig(max_tokens=8, kl_coef=0.05, kl_target=6.0)
     trainer = PPOTrainer((actor, state), (critic, values), sampler, count_good, config)
-    history = [trainer.step(prompts(i, 32)) for i in range(ITERATIONS)]
+    history = [trainer.step(prompts(0, 32))]
+    # The first iteration compiles every program; the adaptive coefficient moving after
+    # each one must not recompile the advantages (it did when traced in as a constant).
+    with count_compiles() as compiles:
+        history += [trainer.step(prompts(i, 32)) for i in range(1, ITERATIONS)]
+    assert compiles.count == 0
     rewards = [m["reward_mean"] for m in history]
     kls = [m["kl"] for m in history]
     print("rewards", np.round(rewards, 3), "kl", np.round(kls, 3))

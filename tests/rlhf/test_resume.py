@@ -24,30 +24,37 @@ def fresh(actor, critic, config=CONFIG):
     return PPOTrainer((actor, state), (critic, values), sampler, count_good, config)
 
 
-def test_resume_repeats_the_uninterrupted_metrics(tmp_path):
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """Three iterations of the default layout, saved after the second: the run both tests
+    compare with (built once: a trainer's first iteration is mostly compiling)."""
     actor, critic = engine(), engine()
     run = fresh(actor, critic)
     first = [run.step(prompts(i, 16)) for i in range(2)]
-    save_trainer(run, tmp_path)
+    saved = tmp_path_factory.mktemp("saved")
+    save_trainer(run, saved)
     third = run.step(prompts(2, 16))
+    return actor, critic, first, saved, third
 
+
+def test_resume_repeats_the_uninterrupted_metrics(uninterrupted):
+    actor, critic, first, saved, third = uninterrupted
     resumed = fresh(actor, critic)
-    assert restore_trainer(resumed, tmp_path) == 2
+    assert restore_trainer(resumed, saved) == 2
     assert resumed.kl_ctl.value == pytest.approx(run_kl(first))
     again = resumed.step(prompts(2, 16))
     for key in ("reward_mean", "kl", "kl_coef", "clip_frac", "approx_kl", "value_loss", "loss"):
         assert again[key] == pytest.approx(third[key], rel=1e-6, abs=1e-7), key
 
 
-def test_colocated_offload_repeats_the_default_layout_metrics():
+def test_colocated_offload_repeats_the_default_layout_metrics(uninterrupted):
     """Critic and reference parked in host memory between phases: same numbers."""
-    actor, critic = engine(), engine()
-    default = fresh(actor, critic)
+    actor, critic, default, _, _ = uninterrupted
     colocated = fresh(actor, critic, replace(CONFIG, offload_idle=True))
     assert memory_kinds(colocated.reference) == {"pinned_host"}
     assert memory_kinds(colocated.critic) == {"pinned_host"}
-    for i in range(2):
-        want, got = default.step(prompts(i, 16)), colocated.step(prompts(i, 16))
+    for i, want in enumerate(default):
+        got = colocated.step(prompts(i, 16))
         for key in ("reward_mean", "kl", "clip_frac", "approx_kl", "value_loss", "loss"):
             assert got[key] == pytest.approx(want[key], rel=1e-6, abs=1e-7), (i, key)
     assert memory_kinds(colocated.critic) == {"pinned_host"}

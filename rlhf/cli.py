@@ -209,11 +209,9 @@ def _pair_arrays(records: list[dict], stage: str) -> dict[str, np.ndarray]:
 
 def run_supervised(cfg: RunConfig) -> dict[str, float]:
     """SFT, reward model or DPO for ``train.steps`` batches; held-out metrics at the end."""
-    import jax
-    import jax.numpy as jnp
-
     import jaxcore as jc
     from rlhf.dpo import dpo_objective, with_reference
+    from rlhf.layout import copy_role
     from rlhf.models import lm_factory, scalar_head_factory
     from rlhf.reward import reward_loss
     from rlhf.rewards import stage_record
@@ -246,7 +244,7 @@ def run_supervised(cfg: RunConfig) -> dict[str, float]:
             loss_fn = dpo_objective(beta=loss.beta, label_smoothing=loss.label_smoothing)
     state = engine.prepare(factory, _optimizer(t.lr), seed=t.seed)
     if cfg.stage == "dpo":  # reference log-probs once, from a copy (steps donate state)
-        reference = jax.tree.map(jnp.copy, state)
+        reference = copy_role(state)
         train_b = with_reference(engine, reference, train_b)
         held_b = with_reference(engine, reference, held_b)
         del reference

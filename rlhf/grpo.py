@@ -15,14 +15,13 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 from jaxcore import ConfigError, Engine, TrainState
 from rlhf import lora
 from rlhf import losses as L
-from rlhf.layout import offload, onload
+from rlhf.layout import copy_role, offload, onload
 from rlhf.models import logprobs_and_entropy
 from rlhf.rewards import as_weighted, score_rollout
 from rlhf.rollout import Sampler
@@ -100,7 +99,7 @@ class GRPOTrainer:
         # actor's is its base (adapters off), which the frozen base keeps bit-identical.
         self.shared_base = lora.has_adapters(state.params)
         copy = config.beta and not self.shared_base
-        self.reference = jax.tree.map(jnp.copy, state) if copy else None
+        self.reference = copy_role(state) if copy else None
         self._ref_score = lora.reference_scorer(engine) if self.shared_base else None
         self.iteration = 0
         self.parity = ParityMonitor(config.parity_interval, config.tis_tolerance, config.tis_cap)

@@ -24,7 +24,7 @@ from jaxcore import ConfigError, Engine, TrainState
 from rlhf import lora
 from rlhf import losses as L
 from rlhf.kl import AdaptiveKLController, FixedKLController
-from rlhf.layout import offload, onload
+from rlhf.layout import copy_role, offload, onload
 from rlhf.models import logprobs_and_entropy
 from rlhf.rewards import as_weighted, score_rollout
 from rlhf.rollout import Sampler
@@ -141,18 +141,21 @@ class PPOTrainer:
                 "PPOTrainer: reference_engine= needs reference= (a state on that engine), "
                 "e.g. SplitLayout.reference_state(actor_state, factory)."
             )
+        self._logp = logprob_scorer(self.actor_engine)
         if self.shared_base:
             self.reference = None
             self._ref_logp = lora.reference_scorer(self.actor_engine)
         else:
             # A separate copy: the actor's train step donates its state.
-            self.reference = jax.tree.map(jnp.copy, self.actor) if reference is None else reference
-            self._ref_logp = logprob_scorer(reference_engine or self.actor_engine)
+            self.reference = copy_role(self.actor) if reference is None else reference
+            # On the actor's engine the reference has the actor's layout: the actor's
+            # scorer serves both (one program to compile, not two identical ones).
+            colocated = reference_engine is None
+            self._ref_logp = self._logp if colocated else logprob_scorer(reference_engine)
         self.kl_ctl = config.controller()
         self.parity = ParityMonitor(config.parity_interval, config.tis_tolerance, config.tis_cap)
         self._park()
         self.iteration = 0
-        self._logp = logprob_scorer(self.actor_engine)
         self._values = value_scorer(self.critic_engine)
         self._actor_step = self.actor_engine.train_step(self._policy_loss)
         self._critic_step = self.critic_engine.train_step(self._value_loss)

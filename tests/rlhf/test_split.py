@@ -9,12 +9,13 @@ import pytest
 
 import jaxcore as jc
 from inference import ServingConfig
-from rlhf.layout import DEVICE, HOST, memory_kinds
+from rlhf.layout import DEVICE, HOST, copy_role, memory_kinds
 from rlhf.models import lm_factory, scalar_head_factory
 from rlhf.ppo import PPOConfig, PPOTrainer
 from rlhf.rollout import Sampler
 from rlhf.split import SplitConfig, SplitLayout, device_ids, reshard
 
+from ..inference.helpers import count_compiles
 from .helpers import CFG, adam, count_good, engine, prompts
 
 ITERATIONS = 2
@@ -161,3 +162,37 @@ def test_reshard_never_round_trips_through_the_host(monkeypatch):
     }
     for out in (moved, replicated, regrouped):
         np.testing.assert_array_equal(np.asarray(out), value)
+
+
+def test_copy_role_is_new_buffers_in_the_same_layout_and_compiles_nothing():
+    """The frozen reference: a trainer's scorer serves actor and reference alike only if
+    the copy keeps every leaf's sharding and committedness; a donated original must
+    leave it intact."""
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = jax.make_mesh((8,), ("fsdp",))
+    row, whole = NamedSharding(mesh, P("fsdp")), NamedSharding(mesh, P())
+    role = {
+        "w": jax.device_put(np.arange(32.0, dtype=np.float32).reshape(8, 4), row),
+        "b": jax.device_put(np.ones(3, np.float32), whole),
+        "parked": jax.device_put(np.ones(8, np.float32), row.with_memory_kind(HOST)),
+        "step": jax.numpy.int32(3),  # uncommitted, as a fresh scalar
+        "name": "actor",
+    }
+    with count_compiles() as compiles:
+        copy = copy_role(role)
+    assert compiles.count == 0
+    assert copy["name"] == "actor"
+    for key in ("w", "b", "parked", "step"):
+        a, c = role[key], copy[key]
+        assert (c.sharding, c.committed) == (a.sharding, a.committed), key
+        ptr = [s.data.unsafe_buffer_pointer() for s in a.addressable_shards]
+        assert all(s.data.unsafe_buffer_pointer() not in ptr for s in c.addressable_shards), key
+    want = {k: np.asarray(role[k]) for k in ("w", "b", "parked", "step")}
+    jax.jit(lambda t: jax.tree.map(lambda x: x + 1, t), donate_argnums=0)(
+        {k: role[k] for k in ("w", "b")}
+    )
+    assert role["w"].is_deleted() and not copy["w"].is_deleted()
+    for key, value in want.items():
+        np.testing.assert_array_equal(np.asarray(copy[key]), value)

@@ -28,10 +28,9 @@ from jaxcore.models.decoding import (
     _finish_block,
     _logits,
     _project_qkv,
-    embed_tokens,
+    _step_inputs,
     plain_matmul,
 )
-from jaxcore.models.transformer import rope_tables
 
 
 class LayerKVCache(struct.PyTreeNode):
@@ -96,17 +95,8 @@ def layer_decode_step(
 ) -> tuple[jax.Array, LayerKVCache]:
     """`jaxcore.models.decoding.decode_step` on per-layer buffers (per-layer weights):
     logits ``(batch, vocab)``; rows where ``active`` is false keep their length."""
-    batch, max_len = tokens.shape[0], cache.max_len
     pos = cache.lengths
-    cos, sin = rope_tables(pos[:, None], cfg.head_size, cfg.rope_theta, cfg.rope_scaling)
-    x = embed_tokens(weights["embed"], tokens[:, None])
-    kv_len = jnp.minimum(pos + 1, max_len)
-    rows = jnp.arange(batch)
-    window_mask = None  # Mistral's sliding window: keys after pos - window only
-    if cfg.sliding_window is not None:
-        window_mask = (jnp.arange(max_len)[None, :] > pos[:, None] - cfg.sliding_window)[
-            :, None, None, :
-        ]
+    x, cos, sin, kv_len, rows, window_mask = _step_inputs(cfg, weights, tokens, pos, cache.max_len)
     ks, vs = list(cache.k), list(cache.v)
     for i, p in enumerate(weights["blocks"]):
         q, k, v = _project_qkv(cfg, p, x, cos, sin, matmul)

@@ -220,6 +220,23 @@ def prefill(
     return _logits(cfg, weights, x, matmul), KVCache(k=k, v=v, lengths=lengths)
 
 
+def _step_inputs(cfg, weights, tokens, pos, max_len):
+    """What one decode step needs before its layers, for rows at positions ``pos``: the
+    embedded tokens, rotary tables, attended lengths, row indices and the sliding-window
+    mask (None without one). Shared by `decode_step` and the serving engine's per-layer
+    cache (`inference.layer_cache`)."""
+    cos, sin = rope_tables(pos[:, None], cfg.head_size, cfg.rope_theta, cfg.rope_scaling)
+    x = embed_tokens(weights["embed"], tokens[:, None])
+    kv_len = jnp.minimum(pos + 1, max_len)
+    rows = jnp.arange(tokens.shape[0])
+    window_mask = None  # Mistral's sliding window: keys after pos - window only
+    if cfg.sliding_window is not None:
+        window_mask = (jnp.arange(max_len)[None, :] > pos[:, None] - cfg.sliding_window)[
+            :, None, None, :
+        ]
+    return x, cos, sin, kv_len, rows, window_mask
+
+
 def decode_step(
     cfg: TransformerConfig,
     weights: Weights,
@@ -234,20 +251,11 @@ def decode_step(
     Rows where ``active`` is false still compute (the shape is fixed) but keep their
     length, so a free slot never runs past the cache.
     """
-    batch = tokens.shape[0]
     max_len = cache.max_len
     pos = cache.lengths
     if active is None:
-        active = jnp.ones((batch,), bool)
-    cos, sin = rope_tables(pos[:, None], cfg.head_size, cfg.rope_theta, cfg.rope_scaling)
-    x = embed_tokens(weights["embed"], tokens[:, None])
-    kv_len = jnp.minimum(pos + 1, max_len)
-    rows = jnp.arange(batch)
-    window_mask = None  # Mistral's sliding window: keys after pos - window only
-    if cfg.sliding_window is not None:
-        window_mask = (jnp.arange(max_len)[None, :] > pos[:, None] - cfg.sliding_window)[
-            :, None, None, :
-        ]
+        active = jnp.ones((tokens.shape[0],), bool)
+    x, cos, sin, kv_len, rows, window_mask = _step_inputs(cfg, weights, tokens, pos, max_len)
 
     def body(carry, layer):
         x, k_all, v_all = carry

@@ -235,9 +235,9 @@ def check_probe(folders: list[str], token: str, *, wait_s: float = 10.0) -> None
             if time.monotonic() > deadline:
                 raise ConfigError(
                     f"{folder} is not shared with process 0 (this process does not see the "
-                    f"{PROBE} file it just wrote there): a multi-process run needs run_dir and "
-                    "data.output_dir on storage every host mounts (NFS, Filestore, a GCS "
-                    "mount); set them with --set run_dir=... --set data.output_dir=..."
+                    f"{PROBE} file process 0 just wrote there): a multi-process run needs "
+                    "run_dir and data.output_dir on storage every host mounts (NFS, Filestore, "
+                    "a GCS mount); set them with --set run_dir=... --set data.output_dir=..."
                 )
             time.sleep(0.2)
 

@@ -182,3 +182,32 @@ def test_pipeline_iterations_touch_one_microbatch_per_stage(wrt):
         )
     )(params, x)
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+
+
+def _profile_module():
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import profile_step_cpu
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    return profile_step_cpu
+
+
+def test_profile_self_times_subtract_nested_spans_and_skip_wrappers():
+    """An op's time is its own: the executor span around it keeps only its remainder."""
+    prof = _profile_module()
+    span = lambda name, ts, dur, tid=1: {"ph": "X", "name": name, "ts": ts, "dur": dur, "tid": tid}
+    events = [
+        span("$python_frame", 0, 100),
+        span("ThunkExecutor::Execute (wait for completion)", 0, 100, tid=2),
+        span("ThunkExecutor::Execute", 0, 90, tid=3),
+        span("dot.3", 10, 30, tid=3),
+        span("add_fusion", 40, 20, tid=3),
+        span("copy", 45, 5, tid=3),  # nested in add_fusion
+        span("dot.7", 0, 10, tid=4),  # another thread, same op name
+    ]
+    per_op = prof.self_times(events, steps=2)
+    us = 1e-6 / 2
+    assert per_op == pytest.approx(
+        {"dot": 40 * us, "add_fusion": 15 * us, "copy": 5 * us, prof.UNNAMED: 40 * us}
+    )

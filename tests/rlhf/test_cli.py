@@ -3,7 +3,6 @@ repeats the uninterrupted run's metrics; DPO runs; config errors name the bad ke
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -48,37 +47,16 @@ def metrics(out):
     return [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.fixture
-def cache(xla_cache_dir, tmp_path):
-    """A JAX persistent cache for the CLI's subprocesses that starts from the run's.
-
-    The three PPO runs are one program: the first compiles it and the other two read it
-    (measured: a PPO run 34 CPU-s cold, 12 warm). It is also the program of
-    `test_trial_resume.py`'s inline trials (same config), so whichever file runs second
-    starts warm. The subprocesses' JAX writes entries without a lock, so they get a copy
-    (hard links) of the run's cache, and their new entries are renamed into the run's
-    afterwards, as `tests/conftest.py` writes them.
-    """
-    own = tmp_path / "xla-cache"
-    own.mkdir()
-    for entry in xla_cache_dir.glob("*-cache"):
-        os.link(entry, own / entry.name)
-    yield {
-        "JAX_COMPILATION_CACHE_DIR": str(own),
-        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
-        "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
-    }
-    for entry in own.glob("*-cache"):
-        if not (xla_cache_dir / entry.name).exists():
-            tmp = xla_cache_dir / f".{entry.name}.{os.getpid()}.tmp"
-            shutil.copyfile(entry, tmp)
-            os.replace(tmp, xla_cache_dir / entry.name)
-
-
-def test_ppo_sigkill_and_resume_repeats_the_uninterrupted_metrics(tmp_path, cache):
+def test_ppo_sigkill_and_resume_repeats_the_uninterrupted_metrics(tmp_path):
     config = tmp_path / "ppo.yaml"
     config.write_text(yaml.safe_dump({**PPO, "train": {**PPO["train"], "out": "unused"}}))
     whole, killed = tmp_path / "whole", tmp_path / "killed"
+    # The three runs are one program: the first compiles it into JAX's persistent cache and
+    # the other two read it (measured: a PPO run 34 CPU-s cold, 12 warm).
+    cache = {
+        "JAX_COMPILATION_CACHE_DIR": str(tmp_path / "xla-cache"),
+        "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+    }
     rc_whole, log_whole = finish(cli("ppo", config, whole, cache))
     # Killed after iteration 2's metrics are written, before its checkpoint begins: the
     # newest checkpoint is iteration 1, and the resumed run must recompute iteration 2.
@@ -100,7 +78,7 @@ def test_ppo_sigkill_and_resume_repeats_the_uninterrupted_metrics(tmp_path, cach
             assert got[key] == pytest.approx(want[key], rel=1e-6, abs=1e-7), (want["step"], key)
 
 
-def test_dpo_through_the_cli(tmp_path, cache):
+def test_dpo_through_the_cli(tmp_path):
     config = tmp_path / "dpo.yaml"
     config.write_text(
         yaml.safe_dump(
@@ -112,7 +90,7 @@ def test_dpo_through_the_cli(tmp_path, cache):
             }
         )
     )
-    rc, log = finish(cli("dpo", config, tmp_path / "dpo", cache))
+    rc, log = finish(cli("dpo", config, tmp_path / "dpo"))
     assert rc == 0, log
     lines = metrics(tmp_path / "dpo")
     assert [m["step"] for m in lines] == [0, 1, 2, 3, 4]

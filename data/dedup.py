@@ -17,7 +17,6 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
-from datasketch import LeanMinHash, MinHashLSH
 
 from data.config import DedupConfig
 from data.minhash import MinHasher
@@ -141,6 +140,10 @@ def find_duplicates(
         reps.sort(key=lambda i: i.key)
     if not config.near:
         return removed, counters
+    # Imported here: datasketch imports scipy.integrate (~2 CPU-s), and only this global
+    # phase needs it; shard workers (Ray tasks, process pools) import this module too.
+    from datasketch import LeanMinHash, MinHashLSH
+
     with_sig = [it for it in reps if it.signature is not None]
     lsh = MinHashLSH(
         threshold=config.threshold,

@@ -299,8 +299,8 @@ def _pipelined(layer_fn, x, layer_params, per_example, ctx: trace_context.TraceC
             # GPipe: the last stage's output has left (as ``out``), so its slot carries
             # stage 0's next microbatch through the shift's wrap-around. The select runs
             # before the permute and fuses into the stage's last op; picking stage 0's
-            # input after it was a separate op per iteration, forward and backward (252 ->
-            # 249 ops per iteration in pipeline_bubble's model, at any M).
+            # input after it cost a separate op per iteration, forward and backward (in
+            # pipeline_bubble's compiled model: one op fewer forward, two backward, at any M).
             sent = on_stages(jnp.where(is_last(out), x_next, out))
             return (t, on_stages(shift(sent)), loop), out
         # Circular: the last stage's output goes on to stage 0; a microbatch's pass through

@@ -11,8 +11,9 @@ microbatches that flow through them (the formulation of MaxText's ``pipeline.py`
   ``spmd_axis_name="pipeline"``, so each device computes only its own stage), then the
   buffer shifts by one stage (a ``ppermute``: the only data an iteration moves between
   devices);
-- stage 0 takes the next microbatch; every stage's output leaves as the loop's
-  per-iteration output, and the last stage's are picked after the loop.
+- stage 0 takes the next microbatch (GPipe: it rides the shift's wrap-around in the
+  last stage's slot); every stage's output leaves as the loop's per-iteration output, and
+  the last stage's are picked after the loop.
 
 ::
 
@@ -200,9 +201,10 @@ def _pipelined(layer_fn, x, layer_params, per_example, ctx: trace_context.TraceC
     # - the weight gradients are summed over the data shards once, after the loop (below).
     # MaxText's pipeline.py streams inputs and outputs the same way (its ``state_io``
     # buffer, sharded over stages) and marks stage weights ``reduced`` over data/fsdp.
-    # Stage 0's next input, laid out per stage like everything else (only stage 0's slice
-    # is read): a feed replicated over the stages would make the backward pass all-reduce
-    # its cotangent over the stages every iteration.
+    # Stage 0's next input, laid out per stage like everything else (one stage's slice is
+    # read: the last stage's under GPipe, which sends it on to stage 0; stage 0's under
+    # the circular schedule): a feed replicated over the stages would make the backward
+    # pass all-reduce its cotangent over the stages every iteration.
     feed = np.arange(1, steps + 1) % M  # the microbatch stage 0 takes after iteration t
     x_feed = per_stage(jnp.take(xs, np.repeat(feed[:, None], S, axis=1), axis=0))
     # Stage s works on pass t - s at iteration t (garbage in the bubble: any index will do).
@@ -257,11 +259,12 @@ def _pipelined(layer_fn, x, layer_params, per_example, ctx: trace_context.TraceC
         return out.reshape(h.shape)
 
     # The shift between stages as an explicit ppermute over ``pipeline`` only (the other
-    # mesh axes stay automatic), as MaxText's ``_shift_right`` / ``_rotate_right``.
-    # ``jnp.roll`` compiles to the same permute forward, but its transpose came out as two
-    # (the wrap-around separately), and a concatenate of ``[first, out[:-1]]`` as three
-    # all-to-alls per iteration.
-    ring = [(s, (s + 1) % S) for s in range(S if R > 1 else S - 1)]
+    # mesh axes stay automatic), as MaxText's ``_rotate_right``. ``jnp.roll`` compiles to
+    # the same permute forward, but its transpose came out as two (the wrap-around
+    # separately), and a concatenate of ``[first, out[:-1]]`` as three all-to-alls per
+    # iteration. Both schedules rotate the whole ring: GPipe's last stage sends stage 0
+    # its next microbatch (below).
+    ring = [(s, (s + 1) % S) for s in range(S)]
     shift = jax.shard_map(
         lambda a: jax.lax.ppermute(a, "pipeline", ring),
         mesh=mesh,
@@ -271,6 +274,7 @@ def _pipelined(layer_fn, x, layer_params, per_example, ctx: trace_context.TraceC
     )
     stages = jnp.arange(S)
     is_first = lambda a: (stages == 0).reshape((S,) + (1,) * (a.ndim - 1))
+    is_last = lambda a: (stages == S - 1).reshape((S,) + (1,) * (a.ndim - 1))
     p_dim = 2 if shards > 1 else 1  # where the repeat axis sits in stage_params
     if R == 1:  # GPipe: static slices, no per-iteration gather or copy of the weights
         gpipe_layers = split_layers(
@@ -290,21 +294,26 @@ def _pipelined(layer_fn, x, layer_params, per_example, ctx: trace_context.TraceC
             )
             layers_now = split_layers(params_now, p_dim)
         out = on_stages(jax.vmap(run_stage, spmd_axis_name="pipeline")(state, layers_now, *ex_now))
-        first = x_next
-        # Stage s's output to stage s+1: one collective-permute forward, one backward. GPipe
-        # sends the last stage's output nowhere (stage 0 takes a fresh microbatch);
-        # circular sends it on to stage 0.
+        # Stage s's output to stage s+1: one collective-permute forward, one backward.
+        if R == 1:
+            # GPipe: the last stage's output has left (as ``out``), so its slot carries
+            # stage 0's next microbatch through the shift's wrap-around. The select runs
+            # before the permute and fuses into the stage's last op; picking stage 0's
+            # input after it cost a separate op per iteration, forward and backward (in
+            # pipeline_bubble's compiled model: one op fewer forward, two backward, at any M).
+            sent = on_stages(jnp.where(is_last(out), x_next, out))
+            return (t, on_stages(shift(sent)), loop), out
+        # Circular: the last stage's output goes on to stage 0; a microbatch's pass through
+        # the last stage feeds stage 0 again M iterations after it started. After the roll
+        # that output sits on stage 0's devices; ``loop`` (S, M, ...) keeps the last M of
+        # them there, stage-sharded (only stage 0's row is read), so storing and reading
+        # it moves no data.
         rolled = on_stages(shift(out))
-        if R > 1:
-            # Circular: a microbatch's pass through the last stage feeds stage 0 again M
-            # iterations after it started. After the roll that output sits on stage 0's
-            # devices; ``loop`` (S, M, ...) keeps the last M of them there, stage-sharded
-            # (only stage 0's row is read), so storing and reading it moves no data.
-            last = t - (S - 1)
-            loop = jax.lax.dynamic_update_index_in_dim(loop, rolled, jnp.mod(last, M), 1)
-            nxt = t + 1
-            again = jax.lax.dynamic_index_in_dim(loop, jnp.mod(nxt, M), 1, keepdims=False)
-            first = jnp.where(nxt < M, x_next, again)
+        last = t - (S - 1)
+        loop = jax.lax.dynamic_update_index_in_dim(loop, rolled, jnp.mod(last, M), 1)
+        nxt = t + 1
+        again = jax.lax.dynamic_index_in_dim(loop, jnp.mod(nxt, M), 1, keepdims=False)
+        first = jnp.where(nxt < M, x_next, again)
         state = on_stages(jnp.where(is_first(out), first, rolled))
         return (t + 1, state, loop), out
 

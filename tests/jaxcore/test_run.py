@@ -59,10 +59,15 @@ def tiny_config(root: pathlib.Path, *extra: str):
 def first_run(tmp_path_factory, compile_cache):
     # `make test` installs with `pip install --no-compile`, so the demo's input package
     # may hold no bytecode; compile it as a default pip install would, so the ingest
-    # stage has binary files to drop (asserted below).
+    # stage has binary files to drop (asserted below). Into the package's own
+    # __pycache__, as pip would: tests/conftest.py may point sys.pycache_prefix elsewhere.
     import idna
 
-    compileall.compile_dir(pathlib.Path(idna.__file__).parent, quiet=1)
+    prefix, sys.pycache_prefix = sys.pycache_prefix, None
+    try:
+        compileall.compile_dir(pathlib.Path(idna.__file__).parent, quiet=1)
+    finally:
+        sys.pycache_prefix = prefix
     root = tmp_path_factory.mktemp("run")
     config = tiny_config(root)
     return root, config, run_pipeline(config)

@@ -15,6 +15,8 @@ GROUPS = (  # first match wins; names are XLA HLO op names or torch aten op name
     ("untraced (Eigen dots, host)", ("untraced",)),
     ("optimizer", ("adamw", "optimizer", "_foreach", "lerp", "addcdiv", "addcmul")),
     ("layout copies / transposes", ("copy", "transpose", "contiguous", "clone", "permute")),
+    # torch's fused attention kernels (their names hold "dot", so ahead of matmul).
+    ("attention kernels", ("scaled_dot_product", "flash_attention")),
     # XLA CPU dots: YNNPACK calls (`ynn_fusion`) or Eigen contractions (executor self time).
     ("matmul", ("ynn", "dot", "gemm", "matmul", "aten::mm", "aten::bmm", "addmm")),
     ("softmax / reductions", ("softmax", "reduce", "logsumexp", "sum", "mean")),
@@ -65,37 +67,43 @@ def jax_profile(run, steps: int) -> tuple[dict[str, float], dict[str, float]]:
     return per_op, shares(per_op)
 
 
+def op_key(name: str) -> str | None:
+    """The op an XLA trace span is counted under; None for Python and client wrappers."""
+    if name.startswith(("$", "PjitFunction", "ThunkExecutor::Execute (wait")):
+        return None
+    if name == "ThunkExecutor::Execute":
+        return UNNAMED
+    return name.split(".")[0].split(":")[0]
+
+
 def self_times(events: list[dict], steps: int) -> dict[str, float]:
     """Seconds per step of each XLA op's own time (its span less its nested spans).
 
     Summing raw spans double-counts: every op nests inside a ``ThunkExecutor::Execute``
-    span on the same thread (its own remainder is counted as ``UNNAMED``). Python and
-    client wrapper spans are left out.
+    span on the same thread (whose own remainder is counted as ``UNNAMED``).
     """
     by_thread: dict[tuple, list[dict]] = {}
     for e in events:
         if e.get("ph") == "X" and "dur" in e:
             by_thread.setdefault((e.get("pid"), e.get("tid")), []).append(e)
     per_op: dict[str, float] = {}
+
+    def close(span: dict) -> None:
+        key = op_key(span["name"])
+        if key is not None:
+            per_op[key] = per_op.get(key, 0.0) + (span["dur"] - span["child"]) / 1e6 / steps
+
     for evs in by_thread.values():
-        evs.sort(key=lambda e: (e["ts"], -e["dur"]))
-        stack: list[list] = []  # [end, name, child time]
-
-        def close(entry: list) -> None:
-            _, name, dur, child = entry
-            if not name.startswith(("$", "PjitFunction", "ThunkExecutor::Execute (wait")):
-                key = UNNAMED if name == "ThunkExecutor::Execute" else name
-                key = key.split(".")[0].split(":")[0] if key != UNNAMED else key
-                per_op[key] = per_op.get(key, 0.0) + (dur - child) / 1e6 / steps
-
-        for e in evs:
-            while stack and stack[-1][0] <= e["ts"]:
-                close(stack.pop())
-            if stack:
-                stack[-1][3] += e["dur"]
-            stack.append([e["ts"] + e["dur"], e.get("name", ""), e["dur"], 0.0])
-        while stack:
-            close(stack.pop())
+        open_spans: list[dict] = []  # the enclosing spans of the current one, innermost last
+        for e in sorted(evs, key=lambda e: (e["ts"], -e["dur"])):
+            while open_spans and open_spans[-1]["end"] <= e["ts"]:
+                close(open_spans.pop())
+            if open_spans:
+                open_spans[-1]["child"] += e["dur"]
+            span = {"name": e.get("name", ""), "dur": e["dur"], "end": e["ts"] + e["dur"]}
+            open_spans.append({**span, "child": 0.0})
+        for span in reversed(open_spans):
+            close(span)
     return per_op
 
 

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 import statistics
+import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 RESULTS = Path(__file__).parent / "results"
@@ -25,6 +28,90 @@ def time_alternating(
                 fn()
             samples[name].append((time.perf_counter() - start) / steps)
     return {name: statistics.median(s) for name, s in samples.items()}
+
+
+# A reply line of a step worker (JAX and torch may print to stdout too).
+PROTOCOL = "@@ "
+
+
+class StepWorker:
+    """One program in its own process, built and warmed up, timing one step per request.
+
+    Programs that share a process disturb each other. On a quiet machine the pipeline
+    benchmark's M=16 step took 1.45-1.8 s with its five programs in one process against
+    1.28-1.32 s alone, and the 26M model's jaxcore/torch ratio read 0.85-0.86 with both
+    frameworks in one process against 0.885-0.935 with one each (same code, same host;
+    benchmarks/training_speed.md). A process per program keeps each one's heap and caches
+    its own; taking turns (`time_in_turns`) keeps what one process was for: drifting
+    machine load hits every program alike.
+    """
+
+    def __init__(self, name: str, argv: Sequence[str], env: dict[str, str] | None = None):
+        self.name = name
+        self.proc = subprocess.Popen(
+            [sys.executable, *argv],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**os.environ, **(env or {})},
+        )
+        self.info = self._reply()  # blocks until built, compiled and warmed up
+
+    def _reply(self) -> dict:
+        for line in self.proc.stdout:
+            if line.startswith(PROTOCOL):
+                return json.loads(line[len(PROTOCOL) :])
+        code = self.proc.wait()
+        raise RuntimeError(f"{self.name}: the worker exited with code {code} before replying")
+
+    def step(self) -> tuple[float, float]:
+        """Wall and CPU seconds of one call of the program, timed inside the worker."""
+        self.proc.stdin.write("step\n")
+        self.proc.stdin.flush()
+        reply = self._reply()
+        return reply["wall"], reply["cpu"]
+
+    def close(self) -> None:
+        """End the worker (its stdin closing ends its loop); kill it if it does not exit."""
+        try:
+            self.proc.stdin.close()
+            self.proc.wait(timeout=60)
+        except (BrokenPipeError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait()
+
+
+def serve_steps(run: Callable[[], None], info: dict | None = None, warmup: int = 3) -> None:
+    """The worker's side: ``run()`` ``warmup`` times (compile, first-run allocations), say
+    ``info`` with the first call's seconds, then time one ``run()`` per request on stdin."""
+    start = time.perf_counter()
+    run()
+    first = time.perf_counter() - start
+    for _ in range(warmup - 1):
+        run()
+    print(PROTOCOL + json.dumps({**(info or {}), "first_call_s": first}), flush=True)
+    for line in sys.stdin:
+        if line.strip() != "step":
+            break
+        wall, cpu = time.perf_counter(), time.process_time()
+        run()
+        reply = {"wall": time.perf_counter() - wall, "cpu": time.process_time() - cpu}
+        print(PROTOCOL + json.dumps(reply), flush=True)
+
+
+def time_in_turns(
+    workers: Sequence[StepWorker], rounds: int, steps: int = 1
+) -> dict[str, dict[str, list[float]]]:
+    """Wall and CPU seconds per step of each worker: ``steps`` steps per turn, one turn
+    each per round, in an order rotated every round so no program always follows another."""
+    samples = {w.name: {"wall": [], "cpu": []} for w in workers}
+    for r in range(rounds):
+        for w in [*workers[r % len(workers) :], *workers[: r % len(workers)]]:
+            for _ in range(steps):
+                wall, cpu = w.step()
+                samples[w.name]["wall"].append(wall)
+                samples[w.name]["cpu"].append(cpu)
+    return samples
 
 
 def print_table(title: str, header: list[str], rows: list[list]) -> None:

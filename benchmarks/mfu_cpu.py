@@ -6,7 +6,8 @@
 
 Two programs train the same model side by side, taking turns: the engine's jitted step
 (`jaxcore.Engine`, one device, ZeRO 0) and the peer, a plain ``jax.jit`` +
-``value_and_grad`` + optax step of the same scanned model, written by hand. MFU =
+``value_and_grad`` + optax step of the same model, written by hand, its layers in the
+same loop form as the engine's (unrolled on CPU, `EngineConfig.unroll_layers`). MFU =
 model FLOPs per step (``training_flops_per_token``, PaLM's count) / step time / peak.
 The peak on CPU is measured on the spot (f32 matmuls, 2048² and 4096² at start-up and
 2048² next to every round) and the best of all those measurements is the denominator,
@@ -64,6 +65,7 @@ import optax  # noqa: E402
 from flax import nnx  # noqa: E402
 
 import jaxcore as jc  # noqa: E402
+from jaxcore import trace_context  # noqa: E402
 from jaxcore.models import Transformer, TransformerConfig, lm_loss, training_flops_per_token  # noqa: E402
 from jaxcore.profiling import measure_matmul_peak, peak_flops  # noqa: E402
 
@@ -74,15 +76,18 @@ CONFIGS = {
 }
 
 
-def plain_step(cfg: TransformerConfig, tx: optax.GradientTransformation, dtype):
-    """The peer: a hand-written jitted step on the same model (no engine)."""
+def plain_step(cfg: TransformerConfig, tx: optax.GradientTransformation, dtype, unroll: bool):
+    """The peer: a hand-written jitted step on the same model (no engine), its layers in
+    the loop form the engine chose (``unroll``), so the two programs differ only by what
+    the engine adds around the model."""
     graphdef, abstract = nnx.split(nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0))))
 
     def loss_fn(params, batch):
         compute = jax.tree.map(lambda x: x.astype(dtype), params)
         state = jax.tree.map(lambda x: x, abstract)
         nnx.replace_by_pure_dict(state, compute)
-        return lm_loss(nnx.merge(graphdef, state), batch, None)[0]
+        with trace_context.tracing(trace_context.TraceContext(unroll_layers=unroll)):
+            return lm_loss(nnx.merge(graphdef, state), batch, None)[0]
 
     @jax.jit
     def step(params, opt_state, batch):
@@ -149,7 +154,8 @@ def main() -> None:
     # Committed to the device like the step's outputs: an uncommitted leaf of the optimizer state
     # made the plain step compile a second time inside its first timed round.
     opt_state = jax.device_put(tx.init(params), device)
-    pstep = plain_step(cfg, tx, dtype)
+    unroll = engine.last_plan.trace_context().unroll_layers
+    pstep = plain_step(cfg, tx, dtype, unroll)
     pbatch = jax.device_put(data, device)
 
     holder = {"state": state, "params": params, "opt": opt_state}
@@ -259,6 +265,7 @@ def main() -> None:
         "quick": quick,
         "glibc_tunables": os.environ.get("GLIBC_TUNABLES"),
         "compile_s": {"jaxcore": compile_ours, "plain": compile_peer},
+        "unroll_layers": unroll,
         "jax": jax.__version__,
     }
     default = f"mfu_{ARGS.device}{'_quick' if quick else ''}.json"

@@ -1,18 +1,25 @@
 """Pipeline efficiency against the bubble theory: pipeline=4 vs no pipeline, 8 CPU devices.
 
 The same model and global batch train with ``pipeline=4, fsdp=2`` at M = 4, 8, 16, 32
-microbatches (GPipe) and with ``fsdp=8`` and no pipeline, all in one process, in
-interleaved rounds (one step of each program per round, after two warm-up steps each).
-The measured efficiency is ``t_ideal / t_measured`` with ``t_ideal`` the unpipelined
-step's median time (the same work with no bubble); the theory is ``1 - (S-1)/(M+S-1)``.
+microbatches (GPipe) and with ``fsdp=8`` and no pipeline. Each program runs in its own
+process (8 fake CPU devices each); the processes take turns, one step each per round, in
+an order rotated every round, after a compile step and two warm-up steps each. The
+measured efficiency is ``t_ideal / t_measured`` with ``t_ideal`` the unpipelined step's
+median time (the same work with no bubble); the theory is ``1 - (S-1)/(M+S-1)``.
 Target: within 15% of the theory at M=16, and M=32 above M=16.
 
-Two clocks, both reported: wall-clock (the target's figure) and the process's CPU time.
+Why a process per program: with all five programs in one process the M=16 step ran at
+1.45-1.8 s against 1.28-1.32 s alone, same code, quiet machine (2026-12-02; the other
+programs' compiled buffers and heap share its caches and allocator), which skewed the
+comparison between programs. Turns between processes keep what the one-process version
+was for: drifting machine load hits every program alike.
+
+Two clocks, both reported: wall-clock (the target's figure) and each process's CPU time.
 All 8 fake devices share the machine's cores, so a bubble stage is not idle: it computes
 on a zero buffer, and the bubble costs its share of the cores as the theory assumes. On
 a shared machine the wall-clock ratio also carries the other jobs' load (each program
 gets the share of the cores the scheduler gives its threads), while CPU time counts only
-this process's work; the load average at start and end is in the results.
+the program's own work; the load average at start and end is in the results.
 
     python benchmarks/pipeline_bubble.py [--quick] [--rounds N] [--m 16 32]
 """
@@ -22,22 +29,37 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import time
-from collections.abc import Callable
+
+STAGES, BATCH, SEQ = 4, 64, 128
 
 
-def time_rounds(
-    fns: dict[str, Callable[[], None]], rounds: int
-) -> dict[str, dict[str, list[float]]]:
-    """Wall and CPU seconds of one call of each function, per round, run in turns."""
-    samples = {name: {"wall": [], "cpu": []} for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
-            wall, cpu = time.perf_counter(), time.process_time()
-            fn()
-            samples[name]["wall"].append(time.perf_counter() - wall)
-            samples[name]["cpu"].append(time.process_time() - cpu)
-    return samples
+def serve_program(microbatches: int) -> None:
+    """The worker: build one program (0 = no pipeline), then time one step per request."""
+    import optax
+    from _common import serve_steps, stdlib_batch
+
+    import jaxcore as jc
+    from jaxcore.models import Transformer, TransformerConfig, lm_loss
+
+    cfg = TransformerConfig(
+        d_model=128, n_layers=8, n_heads=4, n_kv_heads=4, d_ff=384, max_seq_len=SEQ
+    )
+    if microbatches:
+        parallel = jc.ParallelConfig(pipeline=STAGES, fsdp=2)
+        layout = dict(parallel=parallel, microbatches=microbatches)
+    else:
+        layout = dict(parallel=jc.ParallelConfig(fsdp=8))
+    engine = jc.Engine(zero=0, **layout)
+    state = engine.prepare(lambda rngs: Transformer(cfg, rngs=rngs), optax.sgd(1e-3))
+    step = engine.train_step(lm_loss)
+    batch = engine.shard_batch(stdlib_batch(BATCH, SEQ))
+
+    def run() -> None:
+        nonlocal state
+        state, metrics = step(state, batch)
+        metrics["loss"].block_until_ready()
+
+    serve_steps(run, {"params": jc.models.count_params(cfg)})
 
 
 def spread(xs: list[float]) -> float:
@@ -52,50 +74,35 @@ def main() -> None:
     p.add_argument(
         "--m", type=int, nargs="+", default=None, help="microbatch counts to run (default all)"
     )
+    p.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     os.environ["XLA_FLAGS"] = (
         os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
     )
     from jaxcore.runtime import ensure_malloc_tuning
 
-    ensure_malloc_tuning()
-    import numpy as np
-    import optax
-    from _common import print_table, stdlib_batch, write_results
+    ensure_malloc_tuning()  # the workers inherit the tunables
+    if args.worker is not None:
+        serve_program(args.worker)
+        return
+    from _common import StepWorker, print_table, time_in_turns, write_results
 
-    import jaxcore as jc
-    from jaxcore.models import Transformer, TransformerConfig, lm_loss
-
-    stages, batch, seq = 4, 64, 128
-    cfg = TransformerConfig(
-        d_model=128, n_layers=8, n_heads=4, n_kv_heads=4, d_ff=384, max_seq_len=seq
-    )
+    stages, batch, seq = STAGES, BATCH, SEQ
     micro_counts = args.m or ([4, 16] if args.quick else [4, 8, 16, 32])
     rounds = args.rounds or (5 if args.quick else 7)
-    data = stdlib_batch(batch, seq)
-    factory = lambda rngs: Transformer(cfg, rngs=rngs)
-
-    def runner(engine: jc.Engine):
-        holder = {"state": engine.prepare(factory, optax.sgd(1e-3))}
-        step = engine.train_step(lm_loss)
-        b = engine.shard_batch(data)
-
-        def run():
-            holder["state"], m = step(holder["state"], b)
-            m["loss"].block_until_ready()
-
-        run()  # compile
-        run()  # warm-up: first-run allocations
-        return run
-
-    fns = {"no pipeline": runner(jc.Engine(parallel=jc.ParallelConfig(fsdp=8), zero=0))}
-    for m in micro_counts:
-        fns[f"M={m}"] = runner(
-            jc.Engine(parallel=jc.ParallelConfig(pipeline=stages, fsdp=2), zero=0, microbatches=m)
-        )
-    load_start = os.getloadavg()
-    samples = time_rounds(fns, rounds)
-    load_end = os.getloadavg()
+    workers = []
+    try:
+        # Started one at a time, so no program compiles while another one is timed.
+        for name, m in [("no pipeline", 0)] + [(f"M={m}", m) for m in micro_counts]:
+            workers.append(StepWorker(name, [__file__, "--worker", str(m)]))
+            print(f"{name}: compiled and warmed up", flush=True)
+        load_start = os.getloadavg()
+        samples = time_in_turns(workers, rounds)
+        load_end = os.getloadavg()
+    finally:
+        for w in workers:
+            w.close()
+    n_params = workers[0].info["params"]
     med = {k: {c: statistics.median(v[c]) for c in ("wall", "cpu")} for k, v in samples.items()}
     ideal = med["no pipeline"]
     base = samples["no pipeline"]
@@ -141,8 +148,8 @@ def main() -> None:
             ]
         )
     print_table(
-        f"GPipe efficiency, {jc.models.count_params(cfg) / 1e6:.1f}M params, batch "
-        f"{batch}x{seq}, 8 CPU devices, {rounds} interleaved rounds (median ±half-range), "
+        f"GPipe efficiency, {n_params / 1e6:.1f}M params, batch {batch}x{seq}, 8 CPU devices, "
+        f"a process per program, {rounds} rounds (median ±half-range), "
         f"load average {load_start[0]:.1f} -> {load_end[0]:.1f}",
         ["layout", "wall ms", "eff wall", "cpu ms", "eff cpu", "theory", "gap wall", "gap cpu"],
         rows,
@@ -176,10 +183,10 @@ def main() -> None:
             "quick": args.quick,
             "batch": batch,
             "seq": seq,
-            "params": jc.models.count_params(cfg),
-            "note": "8 fake CPU devices share the machine's cores; the machine is shared "
-            "with other jobs (see the load averages)",
-            "numpy": np.__version__,
+            "params": n_params,
+            "note": "a process per program, one step each per round in rotated order; 8 fake "
+            "CPU devices share the machine's cores; the machine is shared with other jobs "
+            "(see the load averages)",
         },
     )
 

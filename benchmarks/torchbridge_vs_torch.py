@@ -2,8 +2,11 @@
 
 (a) PyTorch eager, (b) ``torch.compile``, (c) the same torch module through torchbridge on
 jaxcore's engine, (d) ``jaxcore.models.Transformer`` with the same dims (native JAX). Same
-batch, float32, AdamW. Variants take turns over several repeats; medians are reported, so
-the ratios are what counts on a shared, noisy machine (see shared PERF-NOTES.md).
+batch, float32, AdamW, the same initial weights (seed 0). Each variant runs in its own
+process (`_common.StepWorker`: programs sharing a process disturb each other, and
+torchax's import breaks dynamo's tracing for the rest of a process); the processes take
+turns, in an order rotated every round, and medians are reported, so the ratios are what
+counts on a shared, noisy machine (see shared PERF-NOTES.md).
 
     python benchmarks/torchbridge_vs_torch.py [--quick] [--no-compile]
 
@@ -14,32 +17,48 @@ bridge_over_native (targets >= 0.9 and >= 0.9, issue 20).
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import math
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
-import jax
-import numpy as np
-import optax
-import torch
-from rich.console import Console
-from rich.table import Table
-
-import jaxcore as jc
-import torchbridge
-from jaxcore.models import Transformer, TransformerConfig, lm_loss
-
 sys.path.insert(0, str(Path(__file__).parent))
-from torch_llama import TorchLlama
-from torch_llama import lm_loss as torch_loss
+
+VARIANTS = ("torch eager", "torch.compile", "torchbridge", "jaxcore native")
+
+
+def model_setup(quick: bool):
+    """The model's dims, sequence length and batch size."""
+    from jaxcore.models import TransformerConfig
+
+    if quick:
+        cfg = TransformerConfig(
+            vocab_size=256,
+            d_model=128,
+            n_layers=2,
+            n_heads=4,
+            n_kv_heads=4,
+            d_ff=256,
+            max_seq_len=128,
+        )
+        return cfg, 128, 8
+    cfg = TransformerConfig(
+        vocab_size=256,
+        d_model=256,
+        n_layers=4,
+        n_heads=4,
+        n_kv_heads=4,
+        d_ff=704,
+        max_seq_len=256,
+    )
+    return cfg, 256, 8
 
 
 def torch_step_fn(model, opt):
+    from torch_llama import lm_loss as torch_loss
+
     def step(tokens):
         opt.zero_grad(set_to_none=True)
         loss = torch_loss(model, tokens)
@@ -51,112 +70,101 @@ def torch_step_fn(model, opt):
 
 
 def bridge_loss(model, batch, rng):
+    import optax
+
     tokens = batch["tokens"]
     logits = model(tokens[:, :-1], rng=rng)
     loss = optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
     return loss, {}
 
 
+def serve_variant(variant: str, quick: bool) -> None:
+    """The worker: one variant's training step, one step per request."""
+    import numpy as np
+    import torch
+    from _common import serve_steps
+    from torch_llama import TorchLlama
+
+    cfg, seq, batch = model_setup(quick)
+    tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, (batch, seq + 1))
+    torch.set_num_threads(os.cpu_count() or 1)
+    torch.manual_seed(0)
+    model = TorchLlama(cfg)  # every variant starts from these weights
+
+    if variant in ("torch eager", "torch.compile"):
+        step = torch_step_fn(model, torch.optim.AdamW(model.parameters(), 3e-4))
+        if variant == "torch.compile":
+            step = torch.compile(step)
+        t_tokens = torch.from_numpy(tokens).long()
+
+        def run():
+            step(t_tokens)
+
+    else:
+        import jax
+        import optax
+
+        import jaxcore as jc
+        import torchbridge
+        from jaxcore.models import Transformer, lm_loss
+
+        engine = jc.Engine(parallel=jc.ParallelConfig(fsdp=1), devices=jax.devices()[:1])
+        if variant == "torchbridge":
+            opt = torch.optim.AdamW(model.parameters(), 3e-4)
+            state = torchbridge.prepare(engine, model, opt)
+            jstep = engine.train_step(bridge_loss)
+        else:
+            tx = optax.adamw(3e-4, weight_decay=0.01)
+            state = engine.prepare(lambda rngs: Transformer(cfg, rngs=rngs), tx)
+            jstep = engine.train_step(lm_loss)
+        batch_arrays = engine.shard_batch({"tokens": tokens.astype(np.int32)})
+
+        def run():
+            nonlocal state
+            state, m = jstep(state, batch_arrays)
+            m["loss"].block_until_ready()
+
+    serve_steps(run)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="small model, < 1 minute")
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    parser.add_argument("--rounds", type=int, default=None, help="turns per variant")
     parser.add_argument("--out", default="benchmarks/results/torchbridge_vs_torch.json")
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    from jaxcore.runtime import ensure_malloc_tuning
+
+    ensure_malloc_tuning()  # the workers inherit it
+    os.environ.pop("XLA_FLAGS", None)  # 1 real CPU device, no fake ones
+    if args.worker:
+        serve_variant(args.worker, args.quick)
+        return
+    from _common import StepWorker, time_in_turns
+    from rich.console import Console
+    from rich.table import Table
+
     console = Console()
-
-    if args.quick:
-        cfg = TransformerConfig(
-            vocab_size=256,
-            d_model=128,
-            n_layers=2,
-            n_heads=4,
-            n_kv_heads=4,
-            d_ff=256,
-            max_seq_len=128,
-        )
-        seq, batch, steps, repeats = 128, 8, 5, 2
-    else:
-        cfg = TransformerConfig(
-            vocab_size=256,
-            d_model=256,
-            n_layers=4,
-            n_heads=4,
-            n_kv_heads=4,
-            d_ff=704,
-            max_seq_len=256,
-        )
-        seq, batch, steps, repeats = 256, 8, 10, 3
+    cfg, seq, batch = model_setup(args.quick)
+    rounds, steps = (args.rounds or 2, 3) if args.quick else (args.rounds or 5, 3)
     use_compile = not (args.quick or args.no_compile)
-    tokens = np.random.default_rng(0).integers(0, cfg.vocab_size, (batch, seq + 1))
-    t_tokens = torch.from_numpy(tokens).long()
-    j_tokens = {"tokens": tokens.astype(np.int32)}
-
-    torch.manual_seed(0)
-    base = TorchLlama(cfg)
-    runners = {}
-
-    eager = copy.deepcopy(base)
-    runners["torch eager"] = torch_step_fn(eager, torch.optim.AdamW(eager.parameters(), 3e-4))
-    if use_compile:
-        comp = copy.deepcopy(base)
-        step_c = torch.compile(torch_step_fn(comp, torch.optim.AdamW(comp.parameters(), 3e-4)))
-        runners["torch.compile"] = step_c
-
-    # Compile torch's step before torchax is imported: torchax renames torch's PrivateUse1
-    # backend to "jax", after which dynamo fails to trace ("not linked with support for jax
-    # devices"). Once compiled, the graph keeps running.
-    for fn in runners.values():
-        fn(t_tokens)
-
-    device = jax.devices()[:1]
-    engine = jc.Engine(parallel=jc.ParallelConfig(fsdp=1), devices=device)
-    bridged = copy.deepcopy(base)
-    box = {
-        "bridge": torchbridge.prepare(
-            engine, bridged, torch.optim.AdamW(bridged.parameters(), 3e-4)
-        )
-    }
-    b_step = engine.train_step(bridge_loss)
-    j_batch = engine.shard_batch(j_tokens)
-
-    def run_bridge(_):
-        box["bridge"], m = b_step(box["bridge"], j_batch)
-        return m["loss"]
-
-    runners["torchbridge"] = run_bridge
-
-    n_engine = jc.Engine(parallel=jc.ParallelConfig(fsdp=1), devices=device)
-    box["native"] = n_engine.prepare(
-        lambda rngs: Transformer(cfg, rngs=rngs), optax.adamw(3e-4, weight_decay=0.01)
-    )
-    n_step = n_engine.train_step(lm_loss)
-    n_batch = n_engine.shard_batch(j_tokens)
-
-    def run_native(_):
-        box["native"], m = n_step(box["native"], n_batch)
-        return m["loss"]
-
-    runners["jaxcore native"] = run_native
-
-    def block(x):
-        return jax.block_until_ready(x) if isinstance(x, jax.Array) else float(x.detach())
-
-    with console.status("warming up (compiling)"):
-        for fn in runners.values():
-            for _ in range(2):
-                block(fn(t_tokens))
-    times: dict[str, list[float]] = {k: [] for k in runners}
-    for r in range(repeats):
-        for name, fn in runners.items():
-            t0 = time.perf_counter()
-            out = None
-            for _ in range(steps):
-                out = fn(t_tokens)
-            block(out)
-            times[name].append(steps / (time.perf_counter() - t0))
-        console.log(f"repeat {r + 1}/{repeats}")
-    med = {k: statistics.median(v) for k, v in times.items()}
+    variants = [v for v in VARIANTS if use_compile or v != "torch.compile"]
+    argv = [__file__, *(["--quick"] if args.quick else [])]
+    workers = []
+    load_start = os.getloadavg()
+    try:
+        with console.status("building and compiling each variant in its own process"):
+            for v in variants:  # one at a time: nothing compiles while another is timed
+                workers.append(StepWorker(v, [*argv, "--worker", v]))
+        samples = time_in_turns(workers, rounds, steps)
+    finally:
+        for w in workers:
+            w.close()
+    load_end = os.getloadavg()
+    med = {k: 1 / statistics.median(v["wall"]) for k, v in samples.items()}
+    cpu = {k: statistics.median(v["cpu"]) for k, v in samples.items()}
     result = {
         "config": {
             "d_model": cfg.d_model,
@@ -166,28 +174,39 @@ def main() -> None:
             "vocab": cfg.vocab_size,
             "seq": seq,
             "batch": batch,
-            "steps": steps,
-            "repeats": repeats,
+            "steps_per_turn": steps,
+            "rounds": rounds,
             "quick": args.quick,
             "devices": 1,
+            "method": "a process per variant, turns in rotated order",
             "glibc_tunables": os.environ.get("GLIBC_TUNABLES", ""),
-            "load_average_1m": os.getloadavg()[0],
+            "load_average_start": load_start,
+            "load_average_end": load_end,
         },
         "steps_per_s": med,
         "tokens_per_s": {k: v * batch * seq for k, v in med.items()},
+        "cpu_s_per_step": cpu,
+        "first_call_s": {w.name: w.info["first_call_s"] for w in workers},
         "bridge_over_eager": med["torchbridge"] / med["torch eager"],
         "bridge_over_native": med["torchbridge"] / med["jaxcore native"],
     }
     if "torch.compile" in med:
         result["bridge_over_compile"] = med["torchbridge"] / med["torch.compile"]
 
-    table = Table(title=f"GPT d={cfg.d_model} L={cfg.n_layers} seq={seq} batch={batch}, 1 CPU")
-    table.add_column("variant")
-    table.add_column("steps/s", justify="right")
-    table.add_column("tok/s", justify="right")
-    table.add_column("torchbridge / this", justify="right")
+    table = Table(
+        title=f"GPT d={cfg.d_model} L={cfg.n_layers} seq={seq} batch={batch}, 1 CPU, "
+        f"load average {load_start[0]:.1f} -> {load_end[0]:.1f}"
+    )
+    for col in ("variant", "steps/s", "tok/s", "CPU s/step", "torchbridge / this"):
+        table.add_column(col, justify="left" if col == "variant" else "right")
     for k, v in med.items():
-        table.add_row(k, f"{v:.3f}", f"{v * batch * seq:,.0f}", f"{med['torchbridge'] / v:.2f}")
+        table.add_row(
+            k,
+            f"{v:.3f}",
+            f"{v * batch * seq:,.0f}",
+            f"{cpu[k]:.3f}",
+            f"{med['torchbridge'] / v:.2f}",
+        )
     console.print(table)
     console.print(
         f"bridge_over_eager={result['bridge_over_eager']:.2f} (target 0.9), "

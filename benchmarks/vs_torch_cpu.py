@@ -1,9 +1,10 @@
 """jaxcore against PyTorch eager and torch.compile: the same decoder on this CPU, float32.
 
 Same architecture (benchmarks/torch_llama.py mirrors jaxcore.models.Transformer), same
-dims, batch and AdamW; jaxcore runs on 1 CPU device. All variants run in turns in one
-process; tokens/s, the ratios, and MFU against this machine's measured f32 matmul peak.
-Target (issue 20): jaxcore >= 0.9x torch eager at both sizes (the goal is 1.0).
+dims, batch and AdamW; jaxcore runs on 1 CPU device. Each framework runs in its own
+process and the processes take turns (`_common.StepWorker`: two programs in one process
+disturb each other); tokens/s, the ratios, and MFU against this machine's measured f32
+matmul peak. Target (issue 20): jaxcore >= 0.9x torch eager at both sizes (the goal is 1.0).
 
     python benchmarks/vs_torch_cpu.py [--quick] [--sizes a,b]
 """
@@ -54,35 +55,47 @@ def matmul_peak_gflops(n: int = 2048, repeats: int = 5) -> float:
     return 2 * n**3 / best / 1e9
 
 
-def bench_size(name: str, rounds: int, steps: int, compile_torch: bool) -> dict:
-    import jax
+FRAMEWORKS = ("jaxcore", "torch eager", "torch.compile")
+
+
+def serve_framework(size: str, framework: str) -> None:
+    """The worker: one framework's training step at ``size``, one step per request."""
     import numpy as np
-    import optax
-    import torch
-    from _common import stdlib_batch, time_alternating
-    from torch_llama import TorchLlama
-    from torch_llama import lm_loss as torch_loss
+    from _common import serve_steps, stdlib_batch
 
     import jaxcore as jc
-    from jaxcore.models import Transformer, lm_loss, training_flops_per_token
+    from jaxcore.models import training_flops_per_token
 
-    d, layers, heads, seq, batch = SIZES[name]
-    cfg = model_config(name)
+    _, _, _, seq, batch = SIZES[size]
+    cfg = model_config(size)
     data = stdlib_batch(batch, seq)
+    if framework == "jaxcore":
+        import jax
+        import optax
 
-    engine = jc.Engine(parallel=jc.ParallelConfig(fsdp=1), devices=jax.devices()[:1])
-    holder = {"state": engine.prepare(lambda r: Transformer(cfg, rngs=r), optax.adamw(1e-4))}
-    step = engine.train_step(lm_loss)
-    jbatch = engine.shard_batch(data)
+        from jaxcore.models import Transformer, lm_loss
 
-    def run_jax():
-        holder["state"], m = step(holder["state"], jbatch)
-        m["loss"].block_until_ready()
+        engine = jc.Engine(parallel=jc.ParallelConfig(fsdp=1), devices=jax.devices()[:1])
+        state = engine.prepare(lambda r: Transformer(cfg, rngs=r), optax.adamw(1e-4))
+        step = engine.train_step(lm_loss)
+        jbatch = engine.shard_batch(data)
 
-    torch.manual_seed(0)
-    tokens = torch.from_numpy(np.asarray(data["tokens"], np.int64))
+        def run():
+            nonlocal state
+            state, m = step(state, jbatch)
+            m["loss"].block_until_ready()
 
-    def torch_runner(model):
+    else:
+        import torch
+        from torch_llama import TorchLlama
+        from torch_llama import lm_loss as torch_loss
+
+        torch.set_num_threads(os.cpu_count() or 1)
+        torch.manual_seed(0)
+        tokens = torch.from_numpy(np.asarray(data["tokens"], np.int64))
+        model = TorchLlama(cfg)
+        if framework == "torch.compile":
+            model = torch.compile(model)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
         def run():
@@ -90,28 +103,46 @@ def bench_size(name: str, rounds: int, steps: int, compile_torch: bool) -> dict:
             torch_loss(model, tokens).backward()
             opt.step()
 
-        return run
-
-    fns = {"jaxcore": run_jax, "torch eager": torch_runner(TorchLlama(cfg))}
-    if compile_torch:
-        fns["torch.compile"] = torch_runner(torch.compile(TorchLlama(cfg)))
-    for fn in fns.values():  # warm up and compile
-        fn()
-        fn()
-    secs = time_alternating(fns, rounds=rounds, steps=steps)
-    tok = batch * seq
-    return {
-        "config": {
-            "d_model": d,
-            "n_layers": layers,
-            "n_heads": heads,
-            "seq": seq,
-            "batch": batch,
-            "d_ff": cfg.d_ff,
-            "params": jc.models.count_params(cfg),
+    serve_steps(
+        run,
+        {
+            "config": {
+                "d_model": cfg.d_model,
+                "n_layers": cfg.n_layers,
+                "n_heads": cfg.n_heads,
+                "seq": seq,
+                "batch": batch,
+                "d_ff": cfg.d_ff,
+                "params": jc.models.count_params(cfg),
+            },
+            "flops_per_token": training_flops_per_token(cfg, seq),
         },
-        "tokens_per_s": {k: tok / s for k, s in secs.items()},
-        "flops_per_token": training_flops_per_token(cfg, seq),
+    )
+
+
+def bench_size(name: str, rounds: int, steps: int, compile_torch: bool) -> dict:
+    """tokens/s of each framework at size ``name``, a worker process each, in turns."""
+    import statistics
+
+    from _common import StepWorker, time_in_turns
+
+    frameworks = FRAMEWORKS if compile_torch else FRAMEWORKS[:2]
+    workers = []
+    try:
+        for fw in frameworks:  # one at a time: nothing compiles while another is timed
+            workers.append(StepWorker(fw, [__file__, "--worker", name, fw]))
+        samples = time_in_turns(workers, rounds, steps)
+    finally:
+        for w in workers:
+            w.close()
+    info = workers[0].info
+    _, _, _, seq, batch = SIZES[name]
+    return {
+        "config": info["config"],
+        "tokens_per_s": {k: batch * seq / statistics.median(v["wall"]) for k, v in samples.items()},
+        "cpu_s_per_step": {k: statistics.median(v["cpu"]) for k, v in samples.items()},
+        "flops_per_token": info["flops_per_token"],
+        "first_call_s": {w.name: w.info["first_call_s"] for w in workers},
     }
 
 
@@ -120,15 +151,17 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="one small size, few rounds (< 1 min)")
     p.add_argument("--sizes", default="a,b", help="comma-separated sizes from: a, b")
     p.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    p.add_argument("--worker", nargs=2, metavar=("SIZE", "FRAMEWORK"), help=argparse.SUPPRESS)
     args = p.parse_args()
     from jaxcore.runtime import ensure_malloc_tuning
 
-    ensure_malloc_tuning()
+    ensure_malloc_tuning()  # the workers inherit it
     os.environ.pop("XLA_FLAGS", None)  # 1 real CPU device, no fake ones
-    import torch
+    if args.worker:
+        serve_framework(*args.worker)
+        return
     from _common import print_table, write_results
 
-    torch.set_num_threads(os.cpu_count() or 1)
     sizes = ["q"] if args.quick else args.sizes.split(",")
     rounds, steps = (3, 3) if args.quick else (5, 3)
     peak = matmul_peak_gflops()

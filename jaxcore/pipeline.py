@@ -115,7 +115,8 @@ def scan_layers(
 
     ``per_example`` arrays have the batch as leading axis (e.g. rotary tables for each
     example's positions); they are cut into microbatches along with ``x``. Runs the
-    pipeline schedule when the step being traced has one, else a plain ``lax.scan``.
+    pipeline schedule when the step being traced has one, else a ``lax.scan``, unrolled
+    when the engine says so (`jaxcore.EngineConfig.unroll_layers`).
     """
     ctx = trace_context.current()
     if ctx.pipeline is None:
@@ -123,7 +124,7 @@ def scan_layers(
         def body(h, p):
             return layer_fn(h, p, *per_example), None
 
-        return jax.lax.scan(body, x, layer_params)[0]
+        return jax.lax.scan(body, x, layer_params, unroll=ctx.unroll_layers)[0]
     return _pipelined(layer_fn, x, layer_params, tuple(per_example), ctx)
 
 

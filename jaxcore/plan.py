@@ -93,9 +93,16 @@ class TrainPlan:
         return NamedSharding(self.mesh, PartitionSpec())
 
     def trace_context(self) -> trace_context.TraceContext:
-        """What the model sees while a step traces (mesh, rules, remat, pipeline)."""
+        """What the model sees while a step traces (mesh, rules, remat, pipeline, loop)."""
+        unroll = self.config.unroll_layers
+        if unroll is None:  # the trade-offs are measured in EngineConfig's docstring
+            unroll = self.mesh.devices.flat[0].platform == "cpu" and self.config.remat == "none"
         return trace_context.TraceContext(
-            mesh=self.mesh, rules=self.rules, remat=self.config.remat, pipeline=self.pipeline
+            mesh=self.mesh,
+            rules=self.rules,
+            remat=self.config.remat,
+            pipeline=self.pipeline,
+            unroll_layers=unroll,
         )
 
     # ----------------------------------------------------------------- state

@@ -52,9 +52,13 @@ def validate_policy(name: str, device: jax.Device | None = None) -> str:
 
 def checkpoint_block(fn: Callable) -> Callable:
     """Wrap a block function with the remat policy of the step being traced."""
-    name = trace_context.current().remat
-    if name == "none":
+    ctx = trace_context.current()
+    if ctx.remat == "none":
         return fn
-    # prevent_cse=False: the block runs inside lax.scan, which already stops XLA from
-    # merging the recomputation into the forward pass (jax.checkpoint docs).
-    return jax.checkpoint(fn, policy=_policy(name), prevent_cse=False)
+    # A block inside a loop (a layer scan, the pipeline's schedule) needs no CSE barrier:
+    # the loop already keeps XLA from merging the recomputation into the forward pass
+    # (jax.checkpoint docs). Unrolled layers (only when a user sets both remat and
+    # unroll_layers=True) have no loop around them: without the barrier XLA would merge
+    # the two and recompute nothing.
+    unrolled = ctx.unroll_layers and ctx.pipeline is None
+    return jax.checkpoint(fn, policy=_policy(ctx.remat), prevent_cse=unrolled)

@@ -24,6 +24,7 @@ class TraceContext:
     rules: tuple = ()
     remat: str = "none"
     pipeline: Any = None  # a jaxcore.pipeline.PipelineConfig when the step is pipelined
+    unroll_layers: bool = False  # `scan_layers` as an unrolled loop instead of a lax.scan
 
 
 _EMPTY = TraceContext()

@@ -1,6 +1,7 @@
 """The training-speed paths: attention kernel selection, the GPU flags and check script,
 the default precision per backend, and the pipeline's per-iteration work."""
 
+import dataclasses
 import os
 import subprocess
 import sys
@@ -11,9 +12,11 @@ import jax
 import jax.extend
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from jax.sharding import Mesh
 
+import jaxcore as jc
 from jaxcore import trace_context
 from jaxcore.models.transformer import (
     _heads_first_attention,
@@ -22,8 +25,11 @@ from jaxcore.models.transformer import (
 )
 from jaxcore.pipeline import PipelineConfig, scan_layers
 from jaxcore.precision import default_precision
+from jaxcore.remat import checkpoint_block
 from jaxcore.sharding import DEFAULT_RULES
 from jaxcore.xla_flags import GPU_FLAGS, compiler_options, flag_names, with_gpu_flags
+
+from .helpers import factory
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -101,6 +107,46 @@ def test_cpu_steps_compile_with_eigen_dots():
     x = jnp.ones((64, 64))
     assert "__ynn_fusion" not in f.lower(x, x).compile().as_text()
     assert "__ynn_fusion" in jax.jit(lambda a, b: a @ b).lower(x, x).compile().as_text()
+
+
+def _layer_stack(ctx: trace_context.TraceContext, layers: int = 24):
+    """The compiled gradient of a stack of remat-able layers under ``ctx``."""
+
+    def block(h, w):
+        return checkpoint_block(lambda h, w: jnp.tanh(jnp.tanh(h @ w) @ w))(h, w)
+
+    def loss(p, x):
+        with trace_context.tracing(ctx):
+            return scan_layers(block, x, p).sum()
+
+    args = jnp.full((layers, 128, 128), 0.01), jnp.ones((64, 128))
+    return jax.jit(jax.grad(loss)).lower(*args).compile(), args
+
+
+def test_unrolled_layers_leave_no_loop_and_the_same_gradients():
+    unrolled, args = _layer_stack(trace_context.TraceContext(unroll_layers=True))
+    scanned, _ = _layer_stack(trace_context.TraceContext(unroll_layers=False))
+    assert " while(" not in unrolled.as_text()
+    assert " while(" in scanned.as_text()
+    np.testing.assert_allclose(unrolled(*args), scanned(*args), rtol=1e-6)
+
+
+def test_cpu_plans_unroll_layers_unless_a_remat_policy_needs_the_scan():
+    def context(**config):
+        return jc.Engine(**config).plan(factory, optax.sgd(0.1)).trace_context()
+
+    assert context().unroll_layers  # this suite runs on CPU
+    assert not context(unroll_layers=False).unroll_layers
+    full = context(remat="full")
+    assert not full.unroll_layers and context(remat="full", unroll_layers=True).unroll_layers
+
+    # Why remat keeps the scan: it must save memory, which it does only inside a loop.
+    def temp_bytes(ctx):
+        return _layer_stack(ctx)[0].memory_analysis().temp_size_in_bytes
+
+    saved = temp_bytes(full)
+    assert saved < 0.5 * temp_bytes(context()), "remat on CPU must still save memory"
+    assert saved < 0.5 * temp_bytes(dataclasses.replace(full, unroll_layers=True))
 
 
 def test_default_precision():

@@ -30,30 +30,20 @@ VARIANTS = ("torch eager", "torch.compile", "torchbridge", "jaxcore native")
 
 
 def model_setup(quick: bool):
-    """The model's dims, sequence length and batch size."""
+    """The model's dims, sequence length and batch size (``--quick``: a smaller model)."""
     from jaxcore.models import TransformerConfig
 
-    if quick:
-        cfg = TransformerConfig(
-            vocab_size=256,
-            d_model=128,
-            n_layers=2,
-            n_heads=4,
-            n_kv_heads=4,
-            d_ff=256,
-            max_seq_len=128,
-        )
-        return cfg, 128, 8
+    d, layers, d_ff, seq = (128, 2, 256, 128) if quick else (256, 4, 704, 256)
     cfg = TransformerConfig(
         vocab_size=256,
-        d_model=256,
-        n_layers=4,
+        d_model=d,
+        n_layers=layers,
         n_heads=4,
         n_kv_heads=4,
-        d_ff=704,
-        max_seq_len=256,
+        d_ff=d_ff,
+        max_seq_len=seq,
     )
-    return cfg, 256, 8
+    return cfg, seq, 8
 
 
 def torch_step_fn(model, opt):

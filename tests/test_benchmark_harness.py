@@ -1,0 +1,68 @@
+"""The benchmarks' process-per-program harness (`benchmarks/_common.py`): workers that
+reply, workers that die, and the rotated order of turns."""
+
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+sys.path.append(str(BENCHMARKS))  # after site-packages: no name of theirs shadows one
+from _common import StepWorker, time_in_turns  # noqa: E402
+
+
+def _script(tmp_path: Path, body: str) -> str:
+    path = tmp_path / "worker.py"
+    path.write_text(
+        f"import sys\nsys.path.insert(0, {str(BENCHMARKS)!r})\n" + textwrap.dedent(body)
+    )
+    return str(path)
+
+
+def test_worker_warms_up_then_times_one_call_per_request(tmp_path):
+    # The worker prints noise on stdout too (as JAX and torch do): only protocol lines count.
+    calls = tmp_path / "calls"
+    script = _script(
+        tmp_path,
+        f"""
+        from _common import serve_steps
+        def run():
+            with open({str(calls)!r}, "a") as f:
+                f.write("call\\n")
+            print("noise", flush=True)
+        serve_steps(run, {{"params": 7}}, warmup=3)
+        """,
+    )
+    worker = StepWorker("w", [script])
+    assert worker.info["params"] == 7 and worker.info["first_call_s"] >= 0
+    assert calls.read_text().count("call") == 3  # warmed up before it replied
+    for _ in range(2):
+        wall, cpu = worker.step()
+        assert wall >= 0 and cpu >= 0
+    worker.close()
+    assert worker.proc.returncode == 0
+    assert calls.read_text().count("call") == 5
+
+
+def test_a_worker_that_dies_before_replying_says_so(tmp_path):
+    script = _script(tmp_path, "raise SystemExit(3)\n")
+    with pytest.raises(RuntimeError, match="exited with code 3 before replying"):
+        StepWorker("dead", [script])
+
+
+class _FakeWorker:
+    def __init__(self, name, log):
+        self.name, self.log = name, log
+
+    def step(self):
+        self.log.append(self.name)
+        return 1.0, 0.5
+
+
+def test_turns_rotate_so_no_program_always_follows_another():
+    log = []
+    workers = [_FakeWorker(n, log) for n in "abc"]
+    samples = time_in_turns(workers, rounds=3, steps=2)
+    assert log == list("aabbcc" + "bbccaa" + "ccaabb")
+    assert samples["a"] == {"wall": [1.0] * 6, "cpu": [0.5] * 6}

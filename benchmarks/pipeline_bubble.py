@@ -21,7 +21,7 @@ a shared machine the wall-clock ratio also carries the other jobs' load (each pr
 gets the share of the cores the scheduler gives its threads), while CPU time counts only
 the program's own work; the load average at start and end is in the results.
 
-    python benchmarks/pipeline_bubble.py [--quick] [--rounds N] [--m 16 32]
+    python benchmarks/pipeline_bubble.py [--quick] [--rounds N] [--m 16 32] [--batch 64]
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ import argparse
 import os
 import statistics
 
-STAGES, BATCH, SEQ = 4, 64, 128
+STAGES, SEQ = 4, 128
 
 
-def serve_program(microbatches: int) -> None:
+def serve_program(microbatches: int, batch_size: int) -> None:
     """The worker: build one program (0 = no pipeline), then time one step per request."""
     import optax
     from _common import serve_steps, stdlib_batch
@@ -52,7 +52,7 @@ def serve_program(microbatches: int) -> None:
     engine = jc.Engine(zero=0, **layout)
     state = engine.prepare(lambda rngs: Transformer(cfg, rngs=rngs), optax.sgd(1e-3))
     step = engine.train_step(lm_loss)
-    batch = engine.shard_batch(stdlib_batch(BATCH, SEQ))
+    batch = engine.shard_batch(stdlib_batch(batch_size, SEQ))
 
     def run() -> None:
         nonlocal state
@@ -74,6 +74,9 @@ def main() -> None:
     p.add_argument(
         "--m", type=int, nargs="+", default=None, help="microbatch counts to run (default all)"
     )
+    p.add_argument(
+        "--batch", type=int, default=64, help="global batch in sequences (default 64, the target's)"
+    )
     p.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     os.environ["XLA_FLAGS"] = (
@@ -83,18 +86,19 @@ def main() -> None:
 
     ensure_malloc_tuning()  # the workers inherit the tunables
     if args.worker is not None:
-        serve_program(args.worker)
+        serve_program(args.worker, args.batch)
         return
     from _common import StepWorker, print_table, time_in_turns, write_results
 
-    stages, batch, seq = STAGES, BATCH, SEQ
+    stages, batch, seq = STAGES, args.batch, SEQ
     micro_counts = args.m or ([4, 16] if args.quick else [4, 8, 16, 32])
     rounds = args.rounds or (5 if args.quick else 7)
     workers = []
     try:
         # Started one at a time, so no program compiles while another one is timed.
         for name, m in [("no pipeline", 0)] + [(f"M={m}", m) for m in micro_counts]:
-            workers.append(StepWorker(name, [__file__, "--worker", str(m)]))
+            argv = [__file__, "--batch", str(batch), "--worker", str(m)]
+            workers.append(StepWorker(name, argv))
             print(f"{name}: compiled and warmed up", flush=True)
         load_start = os.getloadavg()
         samples = time_in_turns(workers, rounds)
@@ -166,7 +170,8 @@ def main() -> None:
             f"{per_m[32]['measured_cpu'] > per_m[16]['measured_cpu']} (CPU)"
         )
     write_results(
-        "pipeline_bubble_quick" if args.quick or args.m else "pipeline_bubble",
+        ("pipeline_bubble_quick" if args.quick or args.m else "pipeline_bubble")
+        + ("" if args.batch == 64 else f"_batch{args.batch}"),
         {
             "gap_at_16": gap16,
             "gap_at_16_cpu": per_m[16]["gap_cpu"] if 16 in per_m else None,

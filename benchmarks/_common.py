@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import platform
@@ -112,6 +113,36 @@ def time_in_turns(
                 samples[w.name]["wall"].append(wall)
                 samples[w.name]["cpu"].append(cpu)
     return samples
+
+
+@dataclasses.dataclass(frozen=True)
+class Turns:
+    """What `run_in_turns` measured: per program its samples and its warm-up reply."""
+
+    samples: dict[str, dict[str, list[float]]]
+    info: dict[str, dict]
+    load_start: tuple[float, float, float]
+    load_end: tuple[float, float, float]
+
+
+def run_in_turns(
+    programs: Sequence[tuple[str, Sequence[str]]], rounds: int, steps: int = 1
+) -> Turns:
+    """Start a `StepWorker` per ``(name, argv)``, one at a time (nothing compiles while
+    another is timed), time them with `time_in_turns`, and end every worker started, also
+    when one fails. The load average is read around the timed turns only."""
+    workers: list[StepWorker] = []
+    try:
+        for name, argv in programs:
+            workers.append(StepWorker(name, argv))
+            print(f"{name}: built and warmed up", file=sys.stderr, flush=True)
+        load_start = os.getloadavg()
+        samples = time_in_turns(workers, rounds, steps)
+        info = {w.name: w.info for w in workers}
+        return Turns(samples, info, load_start, os.getloadavg())
+    finally:
+        for w in workers:
+            w.close()
 
 
 def print_table(title: str, header: list[str], rows: list[list]) -> None:

@@ -88,25 +88,16 @@ def main() -> None:
     if args.worker is not None:
         serve_program(args.worker, args.batch)
         return
-    from _common import StepWorker, print_table, time_in_turns, write_results
+    from _common import print_table, run_in_turns, write_results
 
     stages, batch, seq = STAGES, args.batch, SEQ
     micro_counts = args.m or ([4, 16] if args.quick else [4, 8, 16, 32])
     rounds = args.rounds or (5 if args.quick else 7)
-    workers = []
-    try:
-        # Started one at a time, so no program compiles while another one is timed.
-        for name, m in [("no pipeline", 0)] + [(f"M={m}", m) for m in micro_counts]:
-            argv = [__file__, "--batch", str(batch), "--worker", str(m)]
-            workers.append(StepWorker(name, argv))
-            print(f"{name}: compiled and warmed up", flush=True)
-        load_start = os.getloadavg()
-        samples = time_in_turns(workers, rounds)
-        load_end = os.getloadavg()
-    finally:
-        for w in workers:
-            w.close()
-    n_params = workers[0].info["params"]
+    names = [("no pipeline", 0)] + [(f"M={m}", m) for m in micro_counts]
+    programs = [(n, [__file__, "--batch", str(batch), "--worker", str(m)]) for n, m in names]
+    turns = run_in_turns(programs, rounds)
+    samples, load_start, load_end = turns.samples, turns.load_start, turns.load_end
+    n_params = turns.info["no pipeline"]["params"]
     med = {k: {c: statistics.median(v[c]) for c in ("wall", "cpu")} for k, v in samples.items()}
     ideal = med["no pipeline"]
     base = samples["no pipeline"]

@@ -132,27 +132,20 @@ def main() -> None:
     if args.worker:
         serve_variant(args.worker, args.quick)
         return
-    from _common import StepWorker, time_in_turns
+    from _common import run_in_turns
     from rich.console import Console
     from rich.table import Table
 
     console = Console()
     cfg, seq, batch = model_setup(args.quick)
-    rounds, steps = (args.rounds or 2, 3) if args.quick else (args.rounds or 5, 3)
+    # Quick steps take ~30 ms: more of them, so one hiccup does not move the median.
+    rounds, steps = (args.rounds or 5, 5) if args.quick else (args.rounds or 5, 3)
     use_compile = not (args.quick or args.no_compile)
     variants = [v for v in VARIANTS if use_compile or v != "torch.compile"]
     argv = [__file__, *(["--quick"] if args.quick else [])]
-    workers = []
-    load_start = os.getloadavg()
-    try:
-        with console.status("building and compiling each variant in its own process"):
-            for v in variants:  # one at a time: nothing compiles while another is timed
-                workers.append(StepWorker(v, [*argv, "--worker", v]))
-        samples = time_in_turns(workers, rounds, steps)
-    finally:
-        for w in workers:
-            w.close()
-    load_end = os.getloadavg()
+    programs = [(v, [*argv, "--worker", v]) for v in variants]
+    turns = run_in_turns(programs, rounds, steps)
+    samples, load_start, load_end = turns.samples, turns.load_start, turns.load_end
     med = {k: 1 / statistics.median(v["wall"]) for k, v in samples.items()}
     cpu = {k: statistics.median(v["cpu"]) for k, v in samples.items()}
     result = {
@@ -176,7 +169,7 @@ def main() -> None:
         "steps_per_s": med,
         "tokens_per_s": {k: v * batch * seq for k, v in med.items()},
         "cpu_s_per_step": cpu,
-        "first_call_s": {w.name: w.info["first_call_s"] for w in workers},
+        "first_call_s": {k: v["first_call_s"] for k, v in turns.info.items()},
         "bridge_over_eager": med["torchbridge"] / med["torch eager"],
         "bridge_over_native": med["torchbridge"] / med["jaxcore native"],
     }

@@ -124,25 +124,20 @@ def bench_size(name: str, rounds: int, steps: int, compile_torch: bool) -> dict:
     """tokens/s of each framework at size ``name``, a worker process each, in turns."""
     import statistics
 
-    from _common import StepWorker, time_in_turns
+    from _common import run_in_turns
 
     frameworks = FRAMEWORKS if compile_torch else FRAMEWORKS[:2]
-    workers = []
-    try:
-        for fw in frameworks:  # one at a time: nothing compiles while another is timed
-            workers.append(StepWorker(fw, [__file__, "--worker", name, fw]))
-        samples = time_in_turns(workers, rounds, steps)
-    finally:
-        for w in workers:
-            w.close()
-    info = workers[0].info
+    programs = [(fw, [__file__, "--worker", name, fw]) for fw in frameworks]
+    turns = run_in_turns(programs, rounds, steps)
+    info = turns.info[frameworks[0]]
     _, _, _, seq, batch = SIZES[name]
+    wall = {k: statistics.median(v["wall"]) for k, v in turns.samples.items()}
     return {
         "config": info["config"],
-        "tokens_per_s": {k: batch * seq / statistics.median(v["wall"]) for k, v in samples.items()},
-        "cpu_s_per_step": {k: statistics.median(v["cpu"]) for k, v in samples.items()},
+        "tokens_per_s": {k: batch * seq / t for k, t in wall.items()},
+        "cpu_s_per_step": {k: statistics.median(v["cpu"]) for k, v in turns.samples.items()},
         "flops_per_token": info["flops_per_token"],
-        "first_call_s": {w.name: w.info["first_call_s"] for w in workers},
+        "first_call_s": {k: v["first_call_s"] for k, v in turns.info.items()},
     }
 
 
@@ -192,7 +187,7 @@ def main() -> None:
     )
     main_size = results[sizes[-1]]
     write_results(
-        "vs_torch_cpu",
+        "vs_torch_cpu_quick" if args.quick else "vs_torch_cpu",
         {
             "ratio_vs_eager": main_size["ratio_vs_eager"],
             "ratio_vs_compile": main_size.get("ratio_vs_compile"),

@@ -92,11 +92,16 @@ class TrainPlan:
     def replicated(self) -> NamedSharding:
         return NamedSharding(self.mesh, PartitionSpec())
 
+    @property
+    def platform(self) -> str:
+        """The mesh's device platform (``cpu``, ``gpu``, ``tpu``)."""
+        return self.mesh.devices.flat[0].platform
+
     def trace_context(self) -> trace_context.TraceContext:
         """What the model sees while a step traces (mesh, rules, remat, pipeline, loop)."""
         unroll = self.config.unroll_layers
         if unroll is None:  # the trade-offs are measured in EngineConfig's docstring
-            unroll = self.mesh.devices.flat[0].platform == "cpu" and self.config.remat == "none"
+            unroll = self.platform == "cpu" and self.config.remat == "none"
         return trace_context.TraceContext(
             mesh=self.mesh,
             rules=self.rules,

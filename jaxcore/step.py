@@ -201,7 +201,7 @@ class TrainStep:
             in_shardings=(plan.state_shardings, plan.batch_sharding),
             out_shardings=(plan.state_shardings, plan.replicated),
             donate_argnums=(0,),
-            compiler_options=compiler_options(plan.mesh.devices.flat[0].platform),
+            compiler_options=compiler_options(plan.platform),
         )
         cfg = plan.config
         self._monitor = (
@@ -260,7 +260,7 @@ class EvalStep:
             _eval_fn(plan, loss_fn),
             in_shardings=(plan.state_shardings, plan.batch_sharding),
             out_shardings=plan.replicated,
-            compiler_options=compiler_options(plan.mesh.devices.flat[0].platform),
+            compiler_options=compiler_options(plan.platform),
         )
         self._checker = plan.checker
 

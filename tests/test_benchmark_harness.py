@@ -9,7 +9,7 @@ import pytest
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.append(str(BENCHMARKS))  # after site-packages: no name of theirs shadows one
-from _common import StepWorker, time_in_turns  # noqa: E402
+from _common import StepWorker, run_in_turns, time_in_turns  # noqa: E402
 
 
 def _script(tmp_path: Path, body: str) -> str:
@@ -49,6 +49,31 @@ def test_a_worker_that_dies_before_replying_says_so(tmp_path):
     script = _script(tmp_path, "raise SystemExit(3)\n")
     with pytest.raises(RuntimeError, match="exited with code 3 before replying"):
         StepWorker("dead", [script])
+
+
+def test_a_failing_program_ends_the_workers_already_started(tmp_path, monkeypatch):
+    ok = _script(tmp_path, "from _common import serve_steps\nserve_steps(lambda: None)\n")
+    dead = str(tmp_path / "dead.py")
+    Path(dead).write_text("raise SystemExit(4)\n")
+    started = []
+    real_init = StepWorker.__init__
+
+    def record(self, name, argv, env=None):
+        started.append(self)
+        real_init(self, name, argv, env)
+
+    monkeypatch.setattr(StepWorker, "__init__", record)
+    with pytest.raises(RuntimeError, match="dead: the worker exited with code 4"):
+        run_in_turns([("ok", [ok]), ("dead", [dead])], rounds=1)
+    assert [w.name for w in started] == ["ok", "dead"]
+    assert started[0].proc.returncode == 0  # closed, not left running
+
+
+def test_run_in_turns_returns_samples_and_each_warm_up_reply(tmp_path):
+    ok = _script(tmp_path, "from _common import serve_steps\nserve_steps(lambda: None, {'k': 1})\n")
+    turns = run_in_turns([("a", [ok]), ("b", [ok])], rounds=2, steps=2)
+    assert {n: len(v["wall"]) for n, v in turns.samples.items()} == {"a": 4, "b": 4}
+    assert turns.info["b"]["k"] == 1 and len(turns.load_start) == 3
 
 
 class _FakeWorker:

@@ -118,6 +118,10 @@ class TrainSection:
     """``fp32``, or ``bf16`` (float32 master weights, bfloat16 compute) on accelerators."""
     grad_accum: int = 1
     """Microbatches accumulated inside one step (``batch`` must divide by it)."""
+    unroll_layers: bool | None = None
+    """The layers as an unrolled loop (``true``) or a scan (``false``); unset: unrolled on
+    CPU without remat (`jaxcore.EngineConfig.unroll_layers`). ``false`` for deep models
+    on CPU, whose compile time grows with the depth when unrolled."""
 
     def __post_init__(self) -> None:
         _require(self.steps >= 1, "train.steps", f"{self.steps} < 1; train at least 1 step")
@@ -129,6 +133,11 @@ class TrainSection:
         _require(self.devices >= 1, "train.devices", "must be >= 1")
         _require(
             self.remat in POLICY_NAMES, "train.remat", f"{self.remat!r}; use one of {POLICY_NAMES}"
+        )
+        _require(
+            self.unroll_layers is None or isinstance(self.unroll_layers, bool),
+            "train.unroll_layers",
+            f"{self.unroll_layers!r}; use true, false, or leave it unset (automatic)",
         )
         _require(
             self.precision in ("fp32", "bf16", "fp16"),

@@ -236,6 +236,7 @@ def run_hparams(config: RunConfig, vocab_size: int) -> dict[str, Any]:
         "remat": tr.remat,
         "precision": tr.precision,
         "grad_accum": tr.grad_accum,
+        "unroll_layers": tr.unroll_layers,
         "seed": tr.seed,
         "checkpoint_every": tr.checkpoint_every,
     }

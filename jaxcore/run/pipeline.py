@@ -164,6 +164,7 @@ def dry_run(config: RunConfig, *, console: Console | None = None) -> dict[str, A
         "devices": f"{jax.device_count()} x {jax.devices()[0].platform}",
         "zero": tr.zero,
         "remat": tr.remat,
+        "layer_loop": "unrolled" if engine.last_plan.trace_context().unroll_layers else "scan",
         "precision": tr.precision,
         "grad_accum": tr.grad_accum,
         "global_batch": tr.batch,

@@ -58,7 +58,8 @@ def model_config(hp: dict[str, Any]) -> Any:
 
 
 def build_engine(hp: dict) -> jc.Engine:
-    """ZeRO-``zero`` FSDP over every device, with the run's remat, precision and accumulation."""
+    """ZeRO-``zero`` FSDP over every device, with the run's remat, precision, accumulation
+    and layer loop."""
     import jaxcore as jc
 
     return jc.Engine(
@@ -67,6 +68,7 @@ def build_engine(hp: dict) -> jc.Engine:
         remat=str(hp.get("remat", "none")),
         precision=str(hp.get("precision", "fp32")),
         grad_accum=int(hp.get("grad_accum", 1)),
+        unroll_layers=hp.get("unroll_layers"),
         clip_grad_norm=1.0,
     )
 

@@ -174,6 +174,7 @@ def test_dry_run_prints_plan_mesh_and_memory(first_run, tmp_path, capsys):
     assert [p["action"] for p in plan["phases"]] == ["reuse"] * len(PHASES)
     assert plan["mesh"]["fsdp"] == jax.device_count()
     assert plan["memory_per_device_bytes"]["peak"] > 0
+    assert plan["layer_loop"] == "unrolled"  # CPU without remat (train.unroll_layers unset)
     assert plan["data"]["dataset_exists"] is True
     assert "AOT memory per device" in out
 
@@ -194,6 +195,14 @@ def test_config_errors_name_the_key(tmp_path, capsys):
         parse_run_config(raw, tmp_path, ["train.grad_accum=5"])
     ok = parse_run_config(raw, tmp_path, ["train.remat=full", "train.grad_accum=2"])
     assert (ok.train.remat, ok.train.grad_accum) == ("full", 2)
+    with pytest.raises(ConfigError, match=r"train\.unroll_layers: 'yes'; use true, false"):
+        parse_run_config(raw, tmp_path, ["train.unroll_layers='yes'"])
+    from jaxcore.run.phases import run_hparams
+    from jaxcore.run.trial import build_engine
+
+    for text, value in (("false", False), ("true", True), ("null", None)):
+        cfg = parse_run_config(raw, tmp_path, [f"train.unroll_layers={text}"])
+        assert build_engine(run_hparams(cfg, 256)).config.unroll_layers is value
     with pytest.raises(ConfigError, match="'no_such_pkg' is not installed"):
         from jaxcore.run.phases import package_sources
 

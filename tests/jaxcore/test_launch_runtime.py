@@ -57,3 +57,37 @@ def test_ensure_malloc_tuning_keeps_the_users_choice():
     lines = result.stdout.splitlines()
     assert sum(line.startswith("before") for line in lines) == 1
     assert lines[-1] == "tunables glibc.malloc.arena_max=2 args ['a', 'b c']"
+
+
+def _interpreter_starts(tmp_path: Path, args: list[str]) -> list[str]:
+    """Run ``python -m jaxcore.cli ARGS`` untuned; return each interpreter start's tunables.
+
+    A ``sitecustomize`` on the path prints ``GLIBC_TUNABLES`` whenever an interpreter
+    starts, so a re-exec shows up as a second line.
+    """
+    (tmp_path / "sitecustomize.py").write_text(
+        "import os\nprint('start', os.environ.get('GLIBC_TUNABLES'), flush=True)\n"
+    )
+    repo = Path(__file__).resolve().parents[2]
+    env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(repo)])
+    result = subprocess.run(
+        [sys.executable, "-m", "jaxcore.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    return [line for line in result.stdout.splitlines() if line.startswith("start ")]
+
+
+def test_training_subcommands_reexec_with_the_tunables(tmp_path):
+    # `jaxcore run` trains in its own process: it comes back once, tuned, argv intact.
+    starts = _interpreter_starts(tmp_path, ["run", "--help"])
+    assert starts == ["start None", f"start {MALLOC_TUNABLES}"]
+
+
+def test_other_subcommands_start_once(tmp_path):
+    # `jaxcore data` never trains (and never imports JAX): no re-exec.
+    assert _interpreter_starts(tmp_path, ["data", "--help"]) == ["start None"]

@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from jaxcore.launch import process_env
 from jaxcore.runtime import MALLOC_TUNABLES, with_cpu_devices
 
@@ -59,11 +61,18 @@ def test_ensure_malloc_tuning_keeps_the_users_choice():
     assert lines[-1] == "tunables glibc.malloc.arena_max=2 args ['a', 'b c']"
 
 
-def _interpreter_starts(tmp_path: Path, args: list[str]) -> list[str]:
-    """Run ``python -m jaxcore.cli ARGS`` untuned; return each interpreter start's tunables.
+# The two ways a user starts the CLI: the installed `jaxcore` script, and `python -m`.
+CLI_COMMANDS = {
+    "script": [str(Path(sys.executable).parent / "jaxcore")],
+    "module": [sys.executable, "-m", "jaxcore.cli"],
+}
 
-    A ``sitecustomize`` on the path prints ``GLIBC_TUNABLES`` whenever an interpreter
-    starts, so a re-exec shows up as a second line.
+
+def _run_untuned(tmp_path: Path, command: list[str]) -> subprocess.CompletedProcess:
+    """Run ``command`` without GLIBC_TUNABLES, printing the tunables at each interpreter start.
+
+    A ``sitecustomize`` on the path prints them whenever an interpreter starts, so a
+    re-exec shows up as a second ``start`` line.
     """
     (tmp_path / "sitecustomize.py").write_text(
         "import os\nprint('start', os.environ.get('GLIBC_TUNABLES'), flush=True)\n"
@@ -71,23 +80,26 @@ def _interpreter_starts(tmp_path: Path, args: list[str]) -> list[str]:
     repo = Path(__file__).resolve().parents[2]
     env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"}
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), str(repo)])
-    result = subprocess.run(
-        [sys.executable, "-m", "jaxcore.cli", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
+    return result
+
+
+def _starts(result: subprocess.CompletedProcess) -> list[str]:
     return [line for line in result.stdout.splitlines() if line.startswith("start ")]
 
 
-def test_training_subcommands_reexec_with_the_tunables(tmp_path):
-    # `jaxcore run` trains in its own process: it comes back once, tuned, argv intact.
-    starts = _interpreter_starts(tmp_path, ["run", "--help"])
-    assert starts == ["start None", f"start {MALLOC_TUNABLES}"]
+@pytest.mark.parametrize("how", sorted(CLI_COMMANDS))
+def test_training_subcommands_reexec_with_the_tunables(tmp_path, how):
+    # `jaxcore run` trains in its own process: it comes back once, tuned, and its
+    # arguments reach the subcommand (its --help runs once, after the re-exec).
+    result = _run_untuned(tmp_path, [*CLI_COMMANDS[how], "run", "--help"])
+    assert _starts(result) == ["start None", f"start {MALLOC_TUNABLES}"]
+    lines = result.stdout.splitlines()
+    assert [ln for ln in lines if ln.startswith("usage: jaxcore run")] == [lines[2]]
 
 
 def test_other_subcommands_start_once(tmp_path):
     # `jaxcore data` never trains (and never imports JAX): no re-exec.
-    assert _interpreter_starts(tmp_path, ["data", "--help"]) == ["start None"]
+    result = _run_untuned(tmp_path, [*CLI_COMMANDS["script"], "data", "--help"])
+    assert _starts(result) == ["start None"]

@@ -101,13 +101,24 @@ def serve_steps(run: Callable[[], None], info: dict | None = None, warmup: int =
 
 
 def time_in_turns(
-    workers: Sequence[StepWorker], rounds: int, steps: int = 1
+    workers: Sequence[StepWorker], rounds: int, steps: int = 1, untimed: int = 1
 ) -> dict[str, dict[str, list[float]]]:
     """Wall and CPU seconds per step of each worker: ``steps`` steps per turn, one turn
-    each per round, in an order rotated every round so no program always follows another."""
+    each per round, in an order rotated every round so no program always follows another.
+
+    Each turn starts with ``untimed`` steps that are not recorded. The first step after
+    another program's turn pays for what that program left in the caches and the heap,
+    a cost of neither program and not of training, where steps run back to back. Measured
+    (2026-12-04, pipeline_bubble's five programs, 5 rounds): M=4's first step of a turn
+    took 3.47 s (median) against 2.07 s for the next two. `mfu_cpu.py` does the same
+    in-process (there the d=512 step after the peak's matmuls took 6.4-7.3 s, after its
+    own step 4.7-5.2 s).
+    """
     samples = {w.name: {"wall": [], "cpu": []} for w in workers}
     for r in range(rounds):
         for w in [*workers[r % len(workers) :], *workers[: r % len(workers)]]:
+            for _ in range(untimed):
+                w.step()
             for _ in range(steps):
                 wall, cpu = w.step()
                 samples[w.name]["wall"].append(wall)
@@ -126,7 +137,7 @@ class Turns:
 
 
 def run_in_turns(
-    programs: Sequence[tuple[str, Sequence[str]]], rounds: int, steps: int = 1
+    programs: Sequence[tuple[str, Sequence[str]]], rounds: int, steps: int = 1, untimed: int = 1
 ) -> Turns:
     """Start a `StepWorker` per ``(name, argv)``, one at a time (nothing compiles while
     another is timed), time them with `time_in_turns`, and end every worker started, also
@@ -137,7 +148,7 @@ def run_in_turns(
             workers.append(StepWorker(name, argv))
             print(f"{name}: built and warmed up", file=sys.stderr, flush=True)
         load_start = os.getloadavg()
-        samples = time_in_turns(workers, rounds, steps)
+        samples = time_in_turns(workers, rounds, steps, untimed)
         info = {w.name: w.info for w in workers}
         return Turns(samples, info, load_start, os.getloadavg())
     finally:

@@ -88,6 +88,27 @@ class _FakeWorker:
 def test_turns_rotate_so_no_program_always_follows_another():
     log = []
     workers = [_FakeWorker(n, log) for n in "abc"]
-    samples = time_in_turns(workers, rounds=3, steps=2)
+    samples = time_in_turns(workers, rounds=3, steps=2, untimed=0)
     assert log == list("aabbcc" + "bbccaa" + "ccaabb")
     assert samples["a"] == {"wall": [1.0] * 6, "cpu": [0.5] * 6}
+
+
+class _ColdFirstWorker(_FakeWorker):
+    """A worker whose first step after another worker's is slow (a cold cache and heap)."""
+
+    def step(self):
+        cold = not self.log or self.log[-1] != self.name
+        self.log.append(self.name)
+        return (3.0 if cold else 1.0), 0.5
+
+
+def test_each_turn_starts_with_an_untimed_step():
+    # By default the first step of every turn is run but not recorded: what the previous
+    # program left behind is a cost of neither program.
+    log = []
+    workers = [_ColdFirstWorker(n, log) for n in "ab"]
+    samples = time_in_turns(workers, rounds=2, steps=2)
+    assert log == list("aaabbb" + "bbbaaa")
+    assert samples["a"]["wall"] == [1.0] * 4 and samples["b"]["wall"] == [1.0] * 4
+    cold = time_in_turns([_ColdFirstWorker("a", []), _ColdFirstWorker("b", [])], 1, 2, 0)
+    assert cold["b"]["wall"][0] == 3.0  # the harness would have timed the cold step

@@ -16,14 +16,37 @@ from pathlib import Path
 RESULTS = Path(__file__).parent / "results"
 
 
+# Steps each turn runs before its timed ones. The first step after another program's turn
+# pays for what that program left in the caches and the heap, a cost of neither program
+# and not of training, where steps run back to back. Measured (2026-12-04, pipeline_bubble's
+# five programs, 5 rounds): M=4's first step of a turn took 3.47 s (median) against 2.07 s
+# for the next two; in mfu_cpu.py (which keeps its own in-process turns) the d=512 step
+# after the peak's matmuls took 6.4-7.3 s, after its own step 4.7-5.2 s.
+UNTIMED_STEPS_PER_TURN = 1
+
+
+def rotated(items: Sequence, r: int) -> list:
+    """``items`` rotated by ``r``: round r's order, so no program always follows another."""
+    k = r % len(items)
+    return [*items[k:], *items[:k]]
+
+
 def time_alternating(
-    fns: dict[str, Callable[[], None]], *, rounds: int, steps: int
+    fns: dict[str, Callable[[], None]],
+    *,
+    rounds: int,
+    steps: int,
+    untimed: int = UNTIMED_STEPS_PER_TURN,
 ) -> dict[str, float]:
     """Median seconds per call of each function, run in turns so drifting machine load
-    hits every variant alike (the machines are shared: only ratios from one run count)."""
+    hits every variant alike (the machines are shared: only ratios from one run count).
+    Each turn runs ``untimed`` calls first; the order rotates every round."""
     samples: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(rounds):
-        for name, fn in fns.items():
+    for r in range(rounds):
+        for name in rotated(list(fns), r):
+            fn = fns[name]
+            for _ in range(untimed):
+                fn()
             start = time.perf_counter()
             for _ in range(steps):
                 fn()
@@ -101,22 +124,17 @@ def serve_steps(run: Callable[[], None], info: dict | None = None, warmup: int =
 
 
 def time_in_turns(
-    workers: Sequence[StepWorker], rounds: int, steps: int = 1, untimed: int = 1
+    workers: Sequence[StepWorker],
+    rounds: int,
+    steps: int = 1,
+    untimed: int = UNTIMED_STEPS_PER_TURN,
 ) -> dict[str, dict[str, list[float]]]:
-    """Wall and CPU seconds per step of each worker: ``steps`` steps per turn, one turn
-    each per round, in an order rotated every round so no program always follows another.
-
-    Each turn starts with ``untimed`` steps that are not recorded. The first step after
-    another program's turn pays for what that program left in the caches and the heap,
-    a cost of neither program and not of training, where steps run back to back. Measured
-    (2026-12-04, pipeline_bubble's five programs, 5 rounds): M=4's first step of a turn
-    took 3.47 s (median) against 2.07 s for the next two. `mfu_cpu.py` does the same
-    in-process (there the d=512 step after the peak's matmuls took 6.4-7.3 s, after its
-    own step 4.7-5.2 s).
-    """
+    """Wall and CPU seconds per step of each worker: ``untimed`` steps that are not
+    recorded, then ``steps`` timed ones per turn, one turn each per round, in an order
+    rotated every round so no program always follows another."""
     samples = {w.name: {"wall": [], "cpu": []} for w in workers}
     for r in range(rounds):
-        for w in [*workers[r % len(workers) :], *workers[: r % len(workers)]]:
+        for w in rotated(workers, r):
             for _ in range(untimed):
                 w.step()
             for _ in range(steps):
@@ -137,7 +155,10 @@ class Turns:
 
 
 def run_in_turns(
-    programs: Sequence[tuple[str, Sequence[str]]], rounds: int, steps: int = 1, untimed: int = 1
+    programs: Sequence[tuple[str, Sequence[str]]],
+    rounds: int,
+    steps: int = 1,
+    untimed: int = UNTIMED_STEPS_PER_TURN,
 ) -> Turns:
     """Start a `StepWorker` per ``(name, argv)``, one at a time (nothing compiles while
     another is timed), time them with `time_in_turns`, and end every worker started, also

@@ -90,7 +90,7 @@ def main() -> None:
     if args.worker is not None:
         serve_program(args.worker, args.batch)
         return
-    from _common import print_table, run_in_turns, write_results
+    from _common import UNTIMED_STEPS_PER_TURN, print_table, run_in_turns, write_results
 
     stages, batch, seq = STAGES, args.batch, SEQ
     micro_counts = args.m or ([4, 16] if args.quick else [4, 8, 16, 32])
@@ -172,7 +172,7 @@ def main() -> None:
             "stages": stages,
             "rounds": rounds,
             "steps_per_turn": STEPS_PER_TURN,
-            "untimed_steps_per_turn": 1,
+            "untimed_steps_per_turn": UNTIMED_STEPS_PER_TURN,
             "t_ideal_s": ideal["wall"],
             "t_ideal_cpu_s": ideal["cpu"],
             "ideal_wall_samples_s": base["wall"],
@@ -184,7 +184,7 @@ def main() -> None:
             "batch": batch,
             "seq": seq,
             "params": n_params,
-            "note": "a process per program; turns in rotated order, each an untimed step and "
+            "note": "a process per program; turns in rotated order, each untimed steps and "
             f"{STEPS_PER_TURN} timed ones; 8 fake "
             "CPU devices share the machine's cores; the machine is shared with other jobs "
             "(see the load averages)",

@@ -9,7 +9,7 @@ import pytest
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 sys.path.append(str(BENCHMARKS))  # after site-packages: no name of theirs shadows one
-from _common import StepWorker, run_in_turns, time_in_turns  # noqa: E402
+from _common import StepWorker, run_in_turns, time_alternating, time_in_turns  # noqa: E402
 
 
 def _script(tmp_path: Path, body: str) -> str:
@@ -106,9 +106,17 @@ def test_each_turn_starts_with_an_untimed_step():
     # By default the first step of every turn is run but not recorded: what the previous
     # program left behind is a cost of neither program.
     log = []
-    workers = [_ColdFirstWorker(n, log) for n in "ab"]
-    samples = time_in_turns(workers, rounds=2, steps=2)
+    samples = time_in_turns([_ColdFirstWorker(n, log) for n in "ab"], rounds=2, steps=2)
     assert log == list("aaabbb" + "bbbaaa")
-    assert samples["a"]["wall"] == [1.0] * 4 and samples["b"]["wall"] == [1.0] * 4
-    cold = time_in_turns([_ColdFirstWorker("a", []), _ColdFirstWorker("b", [])], 1, 2, 0)
-    assert cold["b"]["wall"][0] == 3.0  # the harness would have timed the cold step
+    assert samples["a"]["wall"] == samples["b"]["wall"] == [1.0] * 4
+    # Without it, the cold step of every turn is what gets timed.
+    cold = time_in_turns([_ColdFirstWorker(n, []) for n in "ab"], rounds=1, steps=2, untimed=0)
+    assert cold["a"]["wall"] == [3.0, 1.0]
+
+
+def test_in_process_turns_rotate_and_start_with_an_untimed_call():
+    log = []
+    fns = {n: (lambda n=n: log.append(n)) for n in "ab"}
+    medians = time_alternating(fns, rounds=2, steps=2)
+    assert log == list("aaabbb" + "bbbaaa")
+    assert set(medians) == {"a", "b"}

@@ -7,7 +7,8 @@
 #
 # --dry-run works on any machine (CPU included): it prints the commands with their time
 # limits and runs the parity script's plan (backend, precision, attention kernel, layouts) without compiling a model, on a CPU
-# backend started with every flag (XLA aborts on one it does not know).
+# backend started with every flag (XLA aborts on one it does not know). Python: $PYTHON,
+# else the project's .venv (built by make), else python on PATH.
 set -euo pipefail
 
 DRY_RUN=0
@@ -15,7 +16,7 @@ OUT_DIR=""
 for arg in "$@"; do
   case "$arg" in
     --dry-run) DRY_RUN=1 ;;
-    -h|--help) sed -n '2,10p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,11p' "$0"; exit 0 ;;
     -*) echo "gpu_check.sh: unknown option $arg (use --dry-run or an output folder)" >&2; exit 2 ;;
     *) OUT_DIR="$arg" ;;
   esac
@@ -23,7 +24,19 @@ done
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
-PY="${PYTHON:-python}"
+# The interpreter: $PYTHON if set, else the project's .venv (what `make` builds), else python.
+if [[ -n "${PYTHON:-}" ]]; then
+  PY="$PYTHON"
+elif [[ -x "$ROOT/.venv/bin/python" ]]; then
+  PY="$ROOT/.venv/bin/python"
+else
+  PY="python"
+fi
+if ! "$PY" -c 'import jax' 2>/dev/null; then
+  echo "gpu_check.sh: $PY cannot import jax; run 'make .venv/.installed-test' (or pip install" \
+    "-e '.[cuda]' on a GPU machine) or point PYTHON at an interpreter that has jaxcore" >&2
+  exit 2
+fi
 OUT_DIR="${OUT_DIR:-benchmarks/results/gpu}"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 

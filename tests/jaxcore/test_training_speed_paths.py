@@ -182,6 +182,40 @@ def test_gpu_check_dry_run_on_cpu():
     assert "XLA accepted the flags" in out.stdout and "dry run ok" in out.stdout
 
 
+def test_gpu_check_names_the_fix_when_python_has_no_jax(tmp_path):
+    # Given a python that lacks jax: one line saying how to fix it, exit 2.
+    (tmp_path / "jax.py").write_text("raise ImportError('no jax in this interpreter')\n")
+    env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(tmp_path)}
+    out = subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), "--dry-run"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2
+    assert "cannot import jax" in out.stderr and "PYTHON" in out.stderr
+
+
+@pytest.mark.skipif(
+    not (ROOT / ".venv" / "bin" / "python").exists(), reason="needs the .venv that make builds"
+)
+def test_gpu_check_uses_the_project_venv_from_a_plain_shell():
+    # As the docs say it: `bash benchmarks/gpu_check.sh --dry-run` from a shell where the
+    # venv is not activated (the system python has no jax).
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHON", "XLA_FLAGS", "VIRTUAL_ENV")}
+    env["PATH"] = "/usr/bin:/bin"
+    out = subprocess.run(
+        ["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), "--dry-run"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "dry run ok" in out.stdout
+
+
 def _scan_bodies(jaxpr, inside=False):
     """Every variable shape in the bodies of the scans of ``jaxpr`` (nested included)."""
     shapes = []

@@ -165,16 +165,21 @@ def test_gpu_flags_keep_the_users_values():
     assert with_gpu_flags({})["XLA_FLAGS"].count("--") == len(GPU_FLAGS)
 
 
-def test_gpu_check_dry_run_on_cpu():
-    env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(ROOT)}
-    env.pop("XLA_FLAGS", None)
-    out = subprocess.run(
+def _gpu_check_dry_run(env: dict[str, str]) -> subprocess.CompletedProcess:
+    """``bash benchmarks/gpu_check.sh --dry-run`` with ``env``, as a user types it."""
+    return subprocess.run(
         ["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), "--dry-run"],
         env=env,
         capture_output=True,
         text=True,
         timeout=300,
     )
+
+
+def test_gpu_check_dry_run_on_cpu():
+    env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(ROOT)}
+    env.pop("XLA_FLAGS", None)
+    out = _gpu_check_dry_run(env)
     assert out.returncode == 0, out.stderr[-2000:]
     for words in ("mfu_cpu.py --device gpu --model base", "serving.py", "gpu_parity.py"):
         assert words in out.stdout
@@ -186,13 +191,7 @@ def test_gpu_check_names_the_fix_when_python_has_no_jax(tmp_path):
     # Given a python that lacks jax: one line saying how to fix it, exit 2.
     (tmp_path / "jax.py").write_text("raise ImportError('no jax in this interpreter')\n")
     env = {**os.environ, "PYTHON": sys.executable, "PYTHONPATH": str(tmp_path)}
-    out = subprocess.run(
-        ["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), "--dry-run"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    out = _gpu_check_dry_run(env)
     assert out.returncode == 2
     assert "cannot import jax" in out.stderr and "PYTHON" in out.stderr
 
@@ -205,13 +204,7 @@ def test_gpu_check_uses_the_project_venv_from_a_plain_shell():
     # venv is not activated (the system python has no jax).
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHON", "XLA_FLAGS", "VIRTUAL_ENV")}
     env["PATH"] = "/usr/bin:/bin"
-    out = subprocess.run(
-        ["bash", str(ROOT / "benchmarks" / "gpu_check.sh"), "--dry-run"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    out = _gpu_check_dry_run(env)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "dry run ok" in out.stdout
 

@@ -7,8 +7,8 @@ microbatches that flow through them (the formulation of MaxText's ``pipeline.py`
 
 - a buffer ``state: (S, microbatch, ...)`` sharded over ``pipeline`` holds each stage's
   current input;
-- every iteration, all stages run at once (``vmap`` over the stage axis with
-  ``spmd_axis_name="pipeline"``, so each device computes only its own stage), then the
+- every iteration, all stages run at once (a ``shard_map`` manual over ``pipeline``, so
+  each device computes only its own stage, as plain per-device code), then the
   buffer shifts by one stage (a ``ppermute``: the only data an iteration moves between
   devices);
 - stage 0 takes the next microbatch (GPipe: it rides the shift's wrap-around in the
@@ -215,15 +215,14 @@ def _pipelined(layer_fn, x, layer_params, per_example, ctx: trace_context.TraceC
     # Reduce the weight gradients once: below ZeRO-3 the stage weights are replicated over
     # the data shards, and each iteration's gradient is a partial sum over them, so XLA
     # all-reduces every layer's gradient in every backward iteration. Giving each data
-    # shard its own broadcast copy of the weights (vmapped with ``spmd_axis_name`` = the
-    # batch axes) keeps the in-loop accumulator per shard; the broadcast's transpose sums
-    # the copies once, after the loop. (MaxText gets this from ``reduced`` stage-weight
-    # shardings in explicit mode.) ZeRO-3 keeps its per-iteration gather: a full stage's
-    # weights on every device is the memory ZeRO-3 was asked to save.
+    # shard its own broadcast copy of the weights (an axis sharded like the batch) keeps
+    # the in-loop accumulator per shard; the broadcast's transpose sums the copies once,
+    # after the loop. (MaxText gets this from ``reduced`` stage-weight shardings in
+    # explicit mode.) ZeRO-3 keeps its per-iteration gather: a full stage's weights on
+    # every device is the memory ZeRO-3 was asked to save.
     shards = batch_ways(mesh, ctx.rules) if cfg.reduce_grads_once else 1
+    batch_mesh_axes = set(_as_tuple(batch_axes)) if shards > 1 else set()
     if shards > 1:
-        batch_mesh_axes = set(_as_tuple(batch_axes))
-        inner_ctx = dataclasses.replace(ctx, rules=_without_axes(ctx.rules, batch_mesh_axes))
         stage_params = jax.tree.map(
             lambda p: constrain_dims(
                 jnp.broadcast_to(p[:, None], (S, shards, *p.shape[1:])),
@@ -251,13 +250,35 @@ def _pipelined(layer_fn, x, layer_params, per_example, ctx: trace_context.TraceC
         take = lambda j: jax.tree.map(lambda p: jnp.take(p, j, axis=axis), params)
         return tuple(take(j) for j in range(lps))
 
-    def run_stage(h, layers, *ex):
-        if shards == 1:
-            return run_layers(h, layers, *ex)
-        split = lambda a: a.reshape((shards, a.shape[0] // shards, *a.shape[1:]))
-        with trace_context.tracing(inner_ctx):  # the batch axes are the vmap's now
-            out = jax.vmap(run_layers, spmd_axis_name=batch_axes)(split(h), layers, *map(split, ex))
-        return out.reshape(h.shape)
+    # Every device runs its own stage on its own rows as plain per-device code: a
+    # shard_map, manual over ``pipeline`` and (with the per-shard weight copies) the batch
+    # axes; the other mesh axes (tensor, ZeRO-3's sharded weights) stay automatic, and
+    # the model's constraints inside name only those. A ``vmap`` over the stages with
+    # ``spmd_axis_name`` (MaxText's formulation, and this module's until 2026-12-04)
+    # computes the same, but XLA then sees every projection as a dot with size-1 batch
+    # dimensions: on CPU, weight gradients were accumulated through transposes and the
+    # M=32 step of benchmarks/pipeline_bubble.py ran 1,486 vs 1,273 ms
+    # (benchmarks/training_speed.md, section 2, round 7).
+    manual = {"pipeline", *batch_mesh_axes}
+    inner_ctx = dataclasses.replace(ctx, rules=_without_axes(ctx.rules, manual))
+    rows_spec = PartitionSpec("pipeline", batch_axes if shards > 1 else None)
+    weights_spec = rows_spec if shards > 1 else PartitionSpec("pipeline")
+    weight_dims = 2 if shards > 1 else 1  # the stage (and shard) axes of a weight block
+
+    def local_stage(h, layers, *ex):
+        one = lambda a: a.reshape(a.shape[1:])  # this device's stage block
+        layers = jax.tree.map(lambda w: w.reshape(w.shape[weight_dims:]), layers)
+        with trace_context.tracing(inner_ctx):
+            return run_layers(one(h), layers, *map(one, ex))[None]
+
+    def run_stages(h, layers, *ex):
+        return jax.shard_map(
+            local_stage,
+            mesh=mesh,
+            in_specs=(rows_spec, weights_spec, *[rows_spec] * len(ex)),
+            out_specs=rows_spec,
+            axis_names=manual,
+        )(h, layers, *ex)
 
     # The shift between stages as an explicit ppermute over ``pipeline`` only (the other
     # mesh axes stay automatic), as MaxText's ``_rotate_right``. ``jnp.roll`` compiles to
@@ -294,7 +315,7 @@ def _pipelined(layer_fn, x, layer_params, per_example, ctx: trace_context.TraceC
                 stage_params,
             )
             layers_now = split_layers(params_now, p_dim)
-        out = on_stages(jax.vmap(run_stage, spmd_axis_name="pipeline")(state, layers_now, *ex_now))
+        out = on_stages(run_stages(state, layers_now, *ex_now))
         # Stage s's output to stage s+1: one collective-permute forward, one backward.
         if R == 1:
             # GPipe: the last stage's output has left (as ``out``), so its slot carries

@@ -340,7 +340,11 @@ def constrain(x: jax.Array, logical: LogicalAxes) -> jax.Array:
     if ctx.mesh is None:
         return x
     spec = logical_to_spec(logical, x.shape, ctx.mesh, ctx.rules, where="activation")
-    return jax.lax.with_sharding_constraint(x, NamedSharding(ctx.mesh, spec))
+    # Inside a shard_map (a pipeline stage) the constraint must name the abstract mesh
+    # that marks its manual axes; the rules there no longer map anything to them.
+    current = jax.sharding.get_abstract_mesh()
+    mesh = current if not current.empty and current.manual_axes else ctx.mesh
+    return jax.lax.with_sharding_constraint(x, NamedSharding(mesh, spec))
 
 
 def per_device_bytes(tree: Any) -> dict[jax.Device, int]:

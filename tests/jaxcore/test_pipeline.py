@@ -3,6 +3,7 @@
 import re
 
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import optax
@@ -254,3 +255,44 @@ def test_pipeline_loop_moves_only_the_stage_buffer(zero):
         lambda p, x: jax.lax.scan(lambda h, w: (jnp.tanh(h @ w) * extra, None), x, p)[0].sum()
     )(np.asarray(params), np.asarray(x))
     np.testing.assert_allclose(grad(params, x), ref, rtol=1e-5, atol=1e-6)
+
+
+def _dot_batch_dims(jaxpr) -> list[tuple]:
+    """The batch dimensions of every ``dot_general`` in ``jaxpr``, nested jaxprs included."""
+    found = []
+    for eqn in jaxpr.eqns:
+        if eqn.primitive.name == "dot_general":
+            (_, _), (lhs_batch, rhs_batch) = eqn.params["dimension_numbers"]
+            found.append((tuple(lhs_batch), tuple(rhs_batch)))
+        for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+            found.extend(_dot_batch_dims(sub))
+    return found
+
+
+@pytest.mark.parametrize("zero", [0, 3])
+def test_stages_run_as_per_device_code(zero):
+    # Each device computes its stage's matmuls as plain 2-D dots. Vmapping the stage over
+    # the stage (and data-shard) axes gave every projection size-1 batch dimensions, and
+    # XLA's CPU backend then accumulated weight gradients through transposes: the M=32
+    # step of benchmarks/pipeline_bubble.py ran 1,486 vs 1,273 ms (training_speed.md).
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    from jaxcore import trace_context
+    from jaxcore.pipeline import PipelineConfig, scan_layers
+    from jaxcore.sharding import DEFAULT_RULES
+
+    S, M, batch, feat = 4, 8, 32, 8
+    mesh = Mesh(np.array(jax.devices()[:8]).reshape(S, 2), ("pipeline", "fsdp"))
+    pipe = PipelineConfig(stages=S, microbatches=M, reduce_grads_once=zero < 3)
+    ctx = trace_context.TraceContext(mesh=mesh, rules=DEFAULT_RULES, pipeline=pipe)
+
+    def loss(p, x):
+        with trace_context.tracing(ctx):
+            return scan_layers(lambda h, w: jnp.tanh(h @ w), x, p).sum()
+
+    p_spec = PartitionSpec("pipeline", "fsdp" if zero == 3 else None)
+    params = jax.device_put(jnp.ones((2 * S, feat, feat)) * 0.1, NamedSharding(mesh, p_spec))
+    x = jax.device_put(jnp.ones((batch, feat)), NamedSharding(mesh, PartitionSpec("fsdp")))
+    dots = _dot_batch_dims(jax.make_jaxpr(jax.grad(loss))(params, x).jaxpr)
+    assert dots, "the pipelined step traced no matmul"
+    assert all(d == ((), ()) for d in dots), dots

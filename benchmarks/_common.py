@@ -146,12 +146,15 @@ def time_in_turns(
 
 @dataclasses.dataclass(frozen=True)
 class Turns:
-    """What `run_in_turns` measured: per program its samples and its warm-up reply."""
+    """What `run_in_turns` measured: per program its samples (pooled over its processes),
+    the median wall seconds of each of its processes, and its first process's warm-up
+    reply."""
 
     samples: dict[str, dict[str, list[float]]]
     info: dict[str, dict]
     load_start: tuple[float, float, float]
     load_end: tuple[float, float, float]
+    process_medians: dict[str, list[float]]
 
 
 def run_in_turns(
@@ -159,19 +162,38 @@ def run_in_turns(
     rounds: int,
     steps: int = 1,
     untimed: int = UNTIMED_STEPS_PER_TURN,
+    processes: int = 1,
 ) -> Turns:
-    """Start a `StepWorker` per ``(name, argv)``, one at a time (nothing compiles while
-    another is timed), time them with `time_in_turns`, and end every worker started, also
-    when one fails. The load average is read around the timed turns only."""
+    """Start ``processes`` `StepWorker` per ``(name, argv)``, one at a time (nothing
+    compiles while another is timed), time them with `time_in_turns`, and end every worker
+    started, also when one fails. The load average is read around the timed turns only.
+
+    Why more than one process per program: the same program's processes can settle at
+    different speeds for their whole life (the pipeline benchmark's M=16 had process
+    medians of 1,999 and 1,674 ms in one run; 1,368-1,442 ms over five others), a spread
+    larger than the 8% theory puts between M=16 and M=32. Pooling the samples of several
+    processes measures the program, not the luck of one process.
+    """
+    if processes < 1:
+        raise ValueError(f"processes={processes}: run each program in at least 1 process")
+    label = lambda name, k: name if processes == 1 else f"{name} #{k + 1}"
     workers: list[StepWorker] = []
     try:
         for name, argv in programs:
-            workers.append(StepWorker(name, argv))
-            print(f"{name}: built and warmed up", file=sys.stderr, flush=True)
+            for k in range(processes):
+                workers.append(StepWorker(label(name, k), argv))
+                print(f"{label(name, k)}: built and warmed up", file=sys.stderr, flush=True)
         load_start = os.getloadavg()
-        samples = time_in_turns(workers, rounds, steps, untimed)
-        info = {w.name: w.info for w in workers}
-        return Turns(samples, info, load_start, os.getloadavg())
+        per_process = time_in_turns(workers, rounds, steps, untimed)
+        names = [name for name, _ in programs]
+        runs = {name: [per_process[label(name, k)] for k in range(processes)] for name in names}
+        samples = {
+            name: {c: [x for run in runs[name] for x in run[c]] for c in ("wall", "cpu")}
+            for name in names
+        }
+        medians = {n: [statistics.median(run["wall"]) for run in runs[n]] for n in names}
+        info = {name: workers[i * processes].info for i, name in enumerate(names)}
+        return Turns(samples, info, load_start, os.getloadavg(), medians)
     finally:
         for w in workers:
             w.close()

@@ -2,14 +2,16 @@
 
 The same model and global batch train with ``pipeline=4, fsdp=2`` at M = 4, 8, 16, 32
 microbatches (GPipe) and with ``fsdp=8`` and no pipeline. Each program runs in its own
-process (8 fake CPU devices each); the processes take turns in an order rotated every
-round, after a compile step and two warm-up steps each. A turn is an untimed step (the
-first after another program's turn is cold: `_common.time_in_turns`) and two timed ones. The
-measured efficiency is ``t_ideal / t_measured`` with ``t_ideal`` the unpipelined step's
-median time (the same work with no bubble); the theory is ``1 - (S-1)/(M+S-1)``.
-Target: within 15% of the theory at M=16, and M=32 above M=16.
+processes (8 fake CPU devices each; two per program by default, their samples pooled,
+because one process's speed is partly luck: `_common.run_in_turns`); the processes take
+turns in an order rotated every round, after a compile step and two warm-up steps each.
+A turn is an untimed step (the first after another program's turn is cold:
+`_common.time_in_turns`) and two timed ones. The measured efficiency is
+``t_ideal / t_measured`` with ``t_ideal`` the unpipelined step's median time (the same
+work with no bubble); the theory is ``1 - (S-1)/(M+S-1)``. Target: within 15% of the
+theory at M=16, and M=32 above M=16.
 
-Why a process per program: with all five programs in one process the M=16 step ran at
+Why processes of their own: with all five programs in one process the M=16 step ran at
 1.45-1.8 s against 1.28-1.32 s alone, same code, quiet machine (2026-12-02; the other
 programs' compiled buffers and heap share its caches and allocator), which skewed the
 comparison between programs. Turns between processes keep what the one-process version
@@ -23,6 +25,7 @@ gets the share of the cores the scheduler gives its threads), while CPU time cou
 the program's own work; the load average at start and end is in the results.
 
     python benchmarks/pipeline_bubble.py [--quick] [--rounds N] [--m 16 32] [--batch 64]
+        [--processes 2]
 """
 
 from __future__ import annotations
@@ -79,6 +82,13 @@ def main() -> None:
     p.add_argument(
         "--batch", type=int, default=64, help="global batch in sequences (default 64, the target's)"
     )
+    p.add_argument(
+        "--processes",
+        type=int,
+        default=2,
+        help="processes per program, samples pooled (default 2: one process's speed is "
+        "partly luck)",
+    )
     p.add_argument("--worker", type=int, default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     os.environ["XLA_FLAGS"] = (
@@ -97,7 +107,7 @@ def main() -> None:
     rounds = args.rounds or (5 if args.quick else 7)
     names = [("no pipeline", 0)] + [(f"M={m}", m) for m in micro_counts]
     programs = [(n, [__file__, "--batch", str(batch), "--worker", str(m)]) for n, m in names]
-    turns = run_in_turns(programs, rounds, steps=STEPS_PER_TURN)
+    turns = run_in_turns(programs, rounds, steps=STEPS_PER_TURN, processes=args.processes)
     samples, load_start, load_end = turns.samples, turns.load_start, turns.load_end
     n_params = turns.info["no pipeline"]["params"]
     med = {k: {c: statistics.median(v[c]) for c in ("wall", "cpu")} for k, v in samples.items()}
@@ -130,6 +140,7 @@ def main() -> None:
             "measured_cpu": eff["cpu"],
             "gap_cpu": gap["cpu"],
             "wall_samples_s": samples[name]["wall"],
+            "process_medians_s": turns.process_medians[name],
             "cpu_samples_s": samples[name]["cpu"],
         }
         rows.append(
@@ -146,7 +157,8 @@ def main() -> None:
         )
     print_table(
         f"GPipe efficiency, {n_params / 1e6:.1f}M params, batch {batch}x{seq}, 8 CPU devices, "
-        f"a process per program, {rounds} rounds x {STEPS_PER_TURN} steps (median ±half-range), "
+        f"{args.processes} process(es) per program, {rounds} rounds x {STEPS_PER_TURN} steps "
+        "(median ±half-range), "
         f"load average {load_start[0]:.1f} -> {load_end[0]:.1f}",
         ["layout", "wall ms", "eff wall", "cpu ms", "eff cpu", "theory", "gap wall", "gap cpu"],
         rows,
@@ -172,11 +184,13 @@ def main() -> None:
             "stages": stages,
             "rounds": rounds,
             "steps_per_turn": STEPS_PER_TURN,
+            "processes_per_program": args.processes,
             "untimed_steps_per_turn": UNTIMED_STEPS_PER_TURN,
             "t_ideal_s": ideal["wall"],
             "t_ideal_cpu_s": ideal["cpu"],
             "ideal_wall_samples_s": base["wall"],
             "ideal_cpu_samples_s": base["cpu"],
+            "ideal_process_medians_s": turns.process_medians["no pipeline"],
             "per_microbatches": {str(k): v for k, v in per_m.items()},
             "load_average_start": load_start,
             "load_average_end": load_end,
@@ -184,7 +198,8 @@ def main() -> None:
             "batch": batch,
             "seq": seq,
             "params": n_params,
-            "note": "a process per program; turns in rotated order, each untimed steps and "
+            "note": f"{args.processes} process(es) per program, samples pooled; turns in "
+            "rotated order, each untimed steps and "
             f"{STEPS_PER_TURN} timed ones; 8 fake "
             "CPU devices share the machine's cores; the machine is shared with other jobs "
             "(see the load averages)",

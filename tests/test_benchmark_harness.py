@@ -76,6 +76,31 @@ def test_run_in_turns_returns_samples_and_each_warm_up_reply(tmp_path):
     assert turns.info["b"]["k"] == 1 and len(turns.load_start) == 3
 
 
+def test_each_program_can_run_in_several_processes_pooled(tmp_path):
+    # The second process of the program is slower for its whole life (what one process
+    # drawing a slow mode looks like): both processes' samples are pooled under the
+    # program's name, and each one's median is kept.
+    started = tmp_path / "started"
+    slow = _script(
+        tmp_path,
+        f"""
+        import time
+        from _common import serve_steps
+        with open({str(started)!r}, "a") as f:
+            f.write("x")
+        nth = len(open({str(started)!r}).read())
+        serve_steps(lambda: time.sleep(0.05 if nth == 2 else 0.0), {{"nth": nth}})
+        """,
+    )
+    with pytest.raises(ValueError, match="at least 1 process"):
+        run_in_turns([("a", [slow])], rounds=1, processes=0)
+    turns = run_in_turns([("a", [slow])], rounds=2, steps=2, processes=2)
+    assert len(turns.samples["a"]["wall"]) == len(turns.samples["a"]["cpu"]) == 8
+    fast, slower = turns.process_medians["a"]
+    assert slower >= 0.05 > fast
+    assert turns.info == {"a": {"nth": 1, "first_call_s": turns.info["a"]["first_call_s"]}}
+
+
 class _FakeWorker:
     def __init__(self, name, log):
         self.name, self.log = name, log

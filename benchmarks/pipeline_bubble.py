@@ -199,8 +199,8 @@ def main() -> None:
             "seq": seq,
             "params": n_params,
             "note": f"{args.processes} process(es) per program, samples pooled; turns in "
-            "rotated order, each untimed steps and "
-            f"{STEPS_PER_TURN} timed ones; 8 fake "
+            f"rotated order, each {UNTIMED_STEPS_PER_TURN} untimed and {STEPS_PER_TURN} timed "
+            "steps; 8 fake "
             "CPU devices share the machine's cores; the machine is shared with other jobs "
             "(see the load averages)",
         },

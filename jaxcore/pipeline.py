@@ -256,8 +256,8 @@ def _pipelined(layer_fn, x, layer_params, per_example, ctx: trace_context.TraceC
     # the model's constraints inside name only those. A ``vmap`` over the stages with
     # ``spmd_axis_name`` (MaxText's formulation, and this module's until 2026-12-04)
     # computes the same, but XLA then sees every projection as a dot with size-1 batch
-    # dimensions: on CPU, weight gradients were accumulated through transposes and the
-    # M=32 step of benchmarks/pipeline_bubble.py ran 1,486 vs 1,273 ms
+    # dimensions: on CPU, weight gradients were accumulated through transposes, and the
+    # steps of benchmarks/pipeline_bubble.py ran 3-5% slower in three A/Bs
     # (benchmarks/training_speed.md, section 2, round 7).
     manual = {"pipeline", *batch_mesh_axes}
     inner_ctx = dataclasses.replace(ctx, rules=_without_axes(ctx.rules, manual))

@@ -273,8 +273,8 @@ def _dot_batch_dims(jaxpr) -> list[tuple]:
 def test_stages_run_as_per_device_code(zero):
     # Each device computes its stage's matmuls as plain 2-D dots. Vmapping the stage over
     # the stage (and data-shard) axes gave every projection size-1 batch dimensions, and
-    # XLA's CPU backend then accumulated weight gradients through transposes: the M=32
-    # step of benchmarks/pipeline_bubble.py ran 1,486 vs 1,273 ms (training_speed.md).
+    # XLA's CPU backend then accumulated weight gradients through transposes: the steps
+    # of benchmarks/pipeline_bubble.py ran 3-5% slower (training_speed.md, round 7).
     from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
     from jaxcore import trace_context

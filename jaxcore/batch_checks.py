@@ -12,11 +12,13 @@ bad id produces).
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 
 from jaxcore.errors import BatchError, ConfigError
 from jaxcore.sharding import path_str
@@ -68,6 +70,9 @@ class BatchContract:
             row may be one longer: it holds the inputs plus the shifted target
             (`jaxcore.models.lm_loss`).
         check_values: whether token ids are range-checked.
+        process_block, process_blocks: which block of the batch's rows this process
+            holds, of how many (`jaxcore.sharding.process_batch_block`); a process-local
+            batch has ``1 / process_blocks`` of the rows.
     """
 
     ways: int
@@ -77,11 +82,23 @@ class BatchContract:
     vocab_size: int | None = None
     max_seq_len: int | None = None
     check_values: bool = True
+    process_block: int = 0
+    process_blocks: int = 1
 
 
 def _structure(batch: Any) -> tuple:
     leaves, treedef = jax.tree.flatten(batch)
     return (treedef, tuple((np.shape(x), str(getattr(x, "dtype", type(x)))) for x in leaves))
+
+
+def fingerprint(batch: Any) -> np.ndarray:
+    """A SHA-256 of a batch's paths, shapes, dtypes and bytes, as 8 uint32 words."""
+    digest = hashlib.sha256()
+    for path, leaf in jax.tree_util.tree_leaves_with_path(batch):
+        x = np.ascontiguousarray(leaf)
+        digest.update(f"{path_str(path)}:{x.shape}:{x.dtype};".encode())
+        digest.update(x.tobytes())
+    return np.frombuffer(digest.digest(), np.uint32)
 
 
 class BatchChecker:
@@ -90,6 +107,7 @@ class BatchChecker:
     def __init__(self, contract: BatchContract):
         self.contract = contract
         self._seen: set = set()
+        self._processes_agreed = False
 
     def check(self, batch: Any, *, local: bool = False) -> None:
         """Raise `BatchError` naming the array and the fix unless ``batch`` can run.
@@ -108,6 +126,33 @@ class BatchChecker:
         if self.contract.check_values and self.contract.vocab_size is not None:
             self._check_ids(batch, first=new)
 
+    def check_processes_agree(self, batch: Any) -> None:
+        """Raise `BatchError` unless processes holding the same rows passed the same data.
+
+        A collective (every process calls it); it runs on the first process-local batch
+        only. When the mesh's cross-process split is on an axis the batch is not cut over
+        (a ``pipeline`` axis spanning hosts), several processes hold the same rows; if
+        each passed "its own" slice instead, JAX would build a global array whose copies
+        disagree, and the step would train on mixed-up rows without an error.
+        """
+        c = self.contract
+        if self._processes_agreed or jax.process_count() == c.process_blocks:
+            return
+        mine = np.concatenate([[c.process_block], fingerprint(batch)]).astype(np.int64)
+        every = np.asarray(multihost_utils.process_allgather(mine))
+        for block in sorted(set(every[:, 0].tolist())):
+            procs = [p for p in range(len(every)) if every[p, 0] == block]
+            if any((every[p, 1:] != every[procs[0], 1:]).any() for p in procs[1:]):
+                raise BatchError(
+                    f"processes {procs} hold the same rows of the batch (the mesh's "
+                    "cross-process split is on an axis the batch is not cut over, e.g. a "
+                    "pipeline spanning hosts) but passed different data to shard_batch. Each "
+                    "process passes rows lo:hi of the global batch, with lo, hi = "
+                    "engine.local_rows(global_batch_size): here "
+                    f"{c.process_blocks} block(s), so processes {procs} pass the same rows."
+                )
+        self._processes_agreed = True
+
     def _check_shapes(self, batch: Any, local: bool) -> None:
         c = self.contract
         # A model that embeds token ids reads them by key; other models (a torch module fed
@@ -121,7 +166,7 @@ class BatchChecker:
             )
         ways = c.ways
         if local:
-            ways = max(1, ways // jax.process_count())
+            ways = max(1, ways // c.process_blocks)
         need = ways * c.per_shard
         for path, leaf in jax.tree_util.tree_leaves_with_path(batch):
             shape = np.shape(leaf)

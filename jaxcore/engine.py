@@ -26,7 +26,7 @@ from jaxcore import nonfinite, remat
 from jaxcore import sharding as shd
 from jaxcore.adapters import ModelAdapter
 from jaxcore.batch_checks import BatchChecker
-from jaxcore.errors import ConfigError
+from jaxcore.errors import BatchError, ConfigError
 from jaxcore.mesh import ParallelConfig, build_mesh
 from jaxcore.pipeline import SCHEDULES, PipelineConfig
 from jaxcore.plan import Trainable, TrainPlan, batch_contract, make_plan
@@ -262,11 +262,32 @@ class Engine:
     def shard_batch(self, batch: Any) -> Any:
         """Turn this process's part of a batch (NumPy arrays) into global sharded arrays.
 
-        In one process that is the whole batch; with several, each passes its own rows
-        and the leading axis of the result is the concatenation over processes. The
-        checks include the model's token limits once a plan exists.
+        In one process that is the whole batch; with several, each passes rows
+        ``lo:hi`` of the global batch, ``lo, hi = engine.local_rows(global_batch_size)``.
+        That is a ``1 / process_count`` slice when the batch is cut over the processes,
+        and the whole batch when it is not (a pipeline spanning hosts: every stage sees
+        every microbatch). The checks include the model's token limits once a plan exists,
+        and, on the first batch, that processes holding the same rows passed the same data.
         """
         return _shard_batch(batch, self.batch_sharding, self._batch_checker())
+
+    @property
+    def process_batch_block(self) -> tuple[int, int]:
+        """``(index, count)``: which block of every batch's rows this process holds, of how
+        many (`jaxcore.sharding.process_batch_block`; processes with the same index pass
+        the same rows)."""
+        c = self._checker.contract
+        return c.process_block, c.process_blocks
+
+    def local_rows(self, global_batch_size: int) -> tuple[int, int]:
+        """``(lo, hi)``: the rows of a global batch this process passes to `shard_batch`."""
+        ways = self._checker.contract.ways
+        if global_batch_size < 1 or global_batch_size % ways:
+            raise BatchError(
+                f"local_rows({global_batch_size}): a global batch must be a positive "
+                f"multiple of the {ways} shards the 'batch' rule cuts it into."
+            )
+        return shd.local_rows(self.batch_sharding, global_batch_size)
 
     def check_batch(self, batch: Any, *, local: bool = False) -> None:
         """Raise `BatchError` unless ``batch`` can run (leading sizes, token arrays)."""

@@ -38,6 +38,7 @@ import numpy as np
 from jax.sharding import Sharding
 
 from jaxcore.errors import ConfigError
+from jaxcore.sharding import local_rows
 
 log = logging.getLogger(__name__)
 
@@ -151,31 +152,6 @@ def _pad_row(tokens: np.ndarray, width: int, pad_id: int) -> tuple[np.ndarray, n
     row[:n] = tokens[:n]
     mask[:n] = 1
     return row, mask
-
-
-def local_rows(sharding: Sharding | None, global_batch: int, width: int) -> tuple[int, int]:
-    """The contiguous range of global batch rows that this process's devices hold.
-
-    It is the block `jax.make_array_from_process_local_data` expects from this process.
-    """
-    if sharding is None:
-        return 0, global_batch
-    index_map = sharding.addressable_devices_indices_map((global_batch, width))
-    spans = sorted(
-        {
-            (s[0].start or 0, global_batch if s[0].stop is None else s[0].stop)
-            for s in index_map.values()
-        }
-    )
-    lo, hi = spans[0][0], spans[0][1]
-    for start, stop in spans[1:]:
-        if start > hi:
-            raise ConfigError(
-                f"the batch sharding gives this process rows {spans}, which are not one "
-                "contiguous block; put the cross-process split on the data or fsdp axis."
-            )
-        hi = max(hi, stop)
-    return lo, hi
 
 
 class _Rows:

@@ -205,15 +205,22 @@ class TrainPlan:
 def shard_batch(batch: Any, sharding: NamedSharding, checker: BatchChecker) -> Any:
     """Check a process-local batch and assemble its global arrays on ``sharding``.
 
-    In one process that is the whole batch; with several, each passes its own rows and
-    the leading axis of the result is the concatenation over processes.
+    In one process that is the whole batch; with several, each passes the rows its
+    devices hold (`jaxcore.sharding.local_rows`): a ``1 / count`` block of the global
+    batch, in process order, where ``count`` is the contract's ``process_blocks`` (all of
+    it when the batch is not cut over the processes, as with a pipeline spanning hosts).
     """
     checker.check(batch, local=True)
+    checker.check_processes_agree(batch)
+    blocks = checker.contract.process_blocks
 
     def one(x):
         if isinstance(x, jax.Array) and x.sharding == sharding:
             return x
-        return jax.make_array_from_process_local_data(sharding, np.asarray(x))
+        x = np.asarray(x)
+        return jax.make_array_from_process_local_data(
+            sharding, x, (x.shape[0] * blocks, *x.shape[1:])
+        )
 
     return jax.tree.map(one, batch)
 
@@ -236,8 +243,11 @@ def batch_contract(
 ) -> BatchContract:
     """What a step on ``mesh`` needs of a batch (model limits from ``adapter`` if given)."""
     checks = config.check_batches
+    block, blocks = shd.process_batch_block(mesh, rules)
     return BatchContract(
         ways=shd.batch_ways(mesh, rules),
+        process_block=block,
+        process_blocks=blocks,
         # A pipelined step cuts the batch into its microbatches (grad_accum folded in).
         per_shard=pipeline.microbatches if pipeline else config.grad_accum,
         per_shard_what="pipeline microbatches" if pipeline else "grad_accum",

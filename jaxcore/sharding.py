@@ -36,7 +36,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
+from jax.sharding import Mesh, NamedSharding, PartitionSpec, Sharding
 
 from jaxcore import axes, trace_context
 from jaxcore.errors import ConfigError
@@ -243,6 +243,48 @@ def batch_ways(mesh: Mesh, rules: Rules) -> int:
     for a in _as_tuple(entry):
         ways *= mesh.shape[a]
     return ways
+
+
+def local_rows(sharding: Sharding | None, global_batch: int, width: int = 1) -> tuple[int, int]:
+    """The contiguous block ``[lo, hi)`` of a global batch's rows this process's devices hold.
+
+    It is the part `jax.make_array_from_process_local_data` (and so
+    `jaxcore.Engine.shard_batch`) expects from this process. It is not always
+    ``1 / process_count`` of the batch: when the cross-process split of the mesh is on an
+    axis the batch is not cut over (a ``pipeline`` axis spanning hosts), every process
+    holds every row and must pass the whole batch. ``width`` is the length of a row,
+    for shardings that name a second axis.
+    """
+    if sharding is None:
+        return 0, global_batch
+    index_map = sharding.addressable_devices_indices_map((global_batch, width))
+    spans = sorted(
+        {
+            (s[0].start or 0, global_batch if s[0].stop is None else s[0].stop)
+            for s in index_map.values()
+        }
+    )
+    lo, hi = spans[0][0], spans[0][1]
+    for start, stop in spans[1:]:
+        if start > hi:
+            raise ConfigError(
+                f"the batch sharding gives this process rows {spans}, which are not one "
+                "contiguous block; put the cross-process split on the data or fsdp axis."
+            )
+        hi = max(hi, stop)
+    return lo, hi
+
+
+def process_batch_block(mesh: Mesh, rules: Rules) -> tuple[int, int]:
+    """``(index, count)``: which block of a batch's rows this process holds, of how many.
+
+    ``count`` runs from 1 (every process holds every row) to the process count.
+    Processes with the same ``index`` hold the same rows, so they must pass the same data
+    to `jaxcore.Engine.shard_batch`.
+    """
+    ways = batch_ways(mesh, rules)
+    lo, hi = local_rows(NamedSharding(mesh, batch_spec(mesh, rules)), ways)
+    return lo // (hi - lo), ways // (hi - lo)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -12,7 +12,9 @@ DataLoader's *e*-th ``iter()`` (it replays torch's RNG draws: the base-seed draw
 bridge was built). Batches come out as global ``jax.Array``s sharded over the engine's
 data axes. Its state, ``{"epoch", "batch", "rng"}`` (JSON-able), restores the exact
 position. With several processes, process *p* loads torch batch ``k * P + p`` of each
-step *k* (Accelerate's ``BatchSamplerShard``), so ``batch_size`` is per process.
+step *k* (Accelerate's ``BatchSamplerShard``), so ``batch_size`` is per process. *P* and
+*p* are the engine's row blocks (`jaxcore.Engine.process_batch_block`): the process count
+and index unless processes share rows (then they load the same batches).
 """
 
 from __future__ import annotations
@@ -169,8 +171,13 @@ class TorchLoader:
             batches.pop()
         return batches, _encode(gen.get_state())
 
+    def _block(self) -> tuple[int, int]:
+        if self.engine is None:
+            return jax.process_index(), jax.process_count()
+        return self.engine.process_batch_block
+
     def _process_batches(self, batches: list[list[int]]) -> list[list[int]]:
-        procs, me = jax.process_count(), jax.process_index()
+        me, procs = self._block()
         if procs == 1:
             return batches
         steps = len(batches) // procs
@@ -192,7 +199,7 @@ class TorchLoader:
         """Steps per epoch."""
         n, size = len(self.source), self.batch_size
         per = n // size if self.drop_last else -(-n // size)
-        return per // jax.process_count()
+        return per // self._block()[1]
 
     # ------------------------------------------------------------------ iteration
     def _collate(self, indices: list[int]) -> Any:

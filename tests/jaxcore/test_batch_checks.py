@@ -91,3 +91,69 @@ def test_structure_checks_run_once_per_structure(monkeypatch):
 def test_check_batches_off_skips_token_checks():
     checker = _checker(token_keys=(), vocab_size=None, check_values=False)
     checker.check({"tokens": np.full((2, 5), 1e9, np.float32)})
+
+
+def test_a_process_local_batch_holds_one_block_of_the_rows():
+    # 4 shards x 2 microbatches; the processes hold 2 blocks, so a local batch is half.
+    checker = _checker(ways=4, per_shard=2, process_blocks=2)
+    checker.check({"tokens": np.ones((4, 5), np.int32)}, local=True)
+    with pytest.raises(jc.BatchError, match="multiple of 4"):
+        checker.check({"tokens": np.ones((6, 5), np.int32)}, local=True)
+    # One block (a pipeline spanning the processes): every process passes the whole batch.
+    whole = _checker(ways=4, per_shard=2, process_blocks=1)
+    with pytest.raises(jc.BatchError, match="multiple of 8"):
+        whole.check({"tokens": np.ones((4, 5), np.int32)}, local=True)
+
+
+def _two_processes(monkeypatch, peer_batch, peer_block=0):
+    """Pretend to be process 0 of 2 whose peer (in block ``peer_block``) passed
+    ``peer_batch``; returns the list of all-gathers made."""
+    from jax.experimental import multihost_utils
+
+    import jaxcore.batch_checks as bc
+
+    calls = []
+    peer = np.concatenate([[peer_block], bc.fingerprint(peer_batch)]).astype(np.int64)
+
+    def allgather(mine):
+        calls.append(1)
+        return np.stack([mine, peer])
+
+    monkeypatch.setattr(bc.jax, "process_count", lambda: 2)
+    monkeypatch.setattr(multihost_utils, "process_allgather", allgather)
+    return calls
+
+
+def test_processes_that_share_rows_must_pass_the_same_data(monkeypatch):
+    batch = {"tokens": np.arange(10, dtype=np.int32).reshape(2, 5)}
+    calls = _two_processes(monkeypatch, {"tokens": batch["tokens"][::-1].copy()})
+    checker = _checker(process_block=0, process_blocks=1)
+    with pytest.raises(jc.BatchError, match=r"processes \[0, 1\] hold the same rows"):
+        checker.check_processes_agree(batch)
+    assert calls == [1]
+
+
+def test_agreeing_processes_are_checked_once(monkeypatch):
+    batch = {"tokens": np.arange(10, dtype=np.int32).reshape(2, 5)}
+    calls = _two_processes(monkeypatch, {"tokens": batch["tokens"].copy()})
+    checker = _checker(process_block=0, process_blocks=1)
+    checker.check_processes_agree(batch)
+    checker.check_processes_agree({"tokens": batch["tokens"] + 1})  # not checked again
+    assert calls == [1]
+
+
+def test_processes_in_different_blocks_may_pass_different_data(monkeypatch):
+    batch = {"tokens": np.arange(10, dtype=np.int32).reshape(2, 5)}
+    calls = _two_processes(monkeypatch, {"tokens": batch["tokens"] + 1}, peer_block=1)
+    _checker(process_block=0, process_blocks=1).check_processes_agree(batch)
+    # With as many blocks as processes, no process shares rows: nothing to gather.
+    _checker(process_block=0, process_blocks=2).check_processes_agree(batch)
+    assert calls == [1]
+
+
+def test_engine_names_the_rows_this_process_passes():
+    engine = jc.Engine(parallel=jc.ParallelConfig(pipeline=2, fsdp=4), microbatches=2)
+    assert engine.process_batch_block == (0, 1)
+    assert engine.local_rows(16) == (0, 16)
+    with pytest.raises(jc.BatchError, match="multiple of the 4 shards"):
+        engine.local_rows(6)

@@ -83,6 +83,45 @@ def test_two_processes_of_four_devices_match_one_process_of_eight(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
+def test_a_pipeline_across_processes_feeds_every_process_the_whole_batch(tmp_path):
+    """pipeline=2 over 2 processes: each process holds a stage and every row. Before
+    `Engine.local_rows`, the README's "each process passes its own rows" pattern trained
+    on mixed-up rows without an error (the two ranks even reported different losses), and
+    at ZeRO-3 the check rejected a right-sized batch."""
+    from tests.jaxcore.scripts.pipeline_ranks import BATCH, LAYOUTS, engine_for, train
+
+    proc = subprocess.Popen(
+        launch_cmd(
+            "-n",
+            "2",
+            "--devices-per-process",
+            "4",
+            str(SCRIPTS / "pipeline_ranks.py"),
+            str(tmp_path),
+        ),
+        env=clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+    )
+    # Meanwhile, the reference: one process, 8 devices, the same global batches.
+    reference = {name: train(engine_for(name), lambda b: b) for name in LAYOUTS}
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+    for rank in range(2):
+        assert f"[rank {rank}] rank {rank} done" in out
+        res = json.loads((tmp_path / f"rank{rank}.json").read_text())
+        for name in LAYOUTS:
+            assert res["rows"][name] == [0, BATCH], (rank, name)
+            assert res["block"][name] == [0, 1], (rank, name)
+            np.testing.assert_allclose(res["losses"][name], reference[name], rtol=1e-5)
+        assert "passed different data to shard_batch" in res["halves"], res["halves"]
+        assert "engine.local_rows" in res["halves"]
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
 def test_killing_one_rank_stops_the_launch_and_names_it(tmp_path):
     proc = subprocess.Popen(
         launch_cmd(

@@ -157,3 +157,17 @@ def test_engine_names_the_rows_this_process_passes():
     assert engine.local_rows(16) == (0, 16)
     with pytest.raises(jc.BatchError, match="multiple of the 4 shards"):
         engine.local_rows(6)
+
+
+def test_global_arrays_count_by_shape_in_the_fingerprint():
+    import jax
+    import jax.numpy as jnp
+
+    from jaxcore.batch_checks import fingerprint
+
+    device = jnp.arange(10, dtype=jnp.int32).reshape(2, 5)
+    assert isinstance(device, jax.Array)
+    same_shape = {"tokens": device + 1}
+    assert (fingerprint({"tokens": device}) == fingerprint(same_shape)).all()
+    host = {"tokens": np.arange(10, dtype=np.int32).reshape(2, 5)}
+    assert not (fingerprint(host) == fingerprint({"tokens": host["tokens"] + 1})).all()

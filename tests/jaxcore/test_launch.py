@@ -118,6 +118,7 @@ def test_a_pipeline_across_processes_feeds_every_process_the_whole_batch(tmp_pat
             np.testing.assert_allclose(res["losses"][name], reference[name], rtol=1e-5)
         assert "passed different data to shard_batch" in res["halves"], res["halves"]
         assert "engine.local_rows" in res["halves"]
+        assert res["global_passes_through"] is True
 
 
 @pytest.mark.slow

@@ -63,6 +63,12 @@ if __name__ == "__main__":
         result["losses"][name] = train(
             engine, lambda b, lo=lo, hi=hi: {k: v[lo:hi] for k, v in b.items()}
         )
+    # Global arrays given to a fresh engine's first shard_batch (and so to the agreement
+    # check) pass through unchanged.
+    lo, hi = engine.local_rows(BATCH)
+    sharded = engine.shard_batch({k: v[lo:hi] for k, v in make_batch(BATCH, 0).items()})
+    again = engine_for("pipeline2_fsdp4_zero3").shard_batch(sharded)
+    result["global_passes_through"] = again["tokens"] is sharded["tokens"]
     half = BATCH // nproc
     try:
         train(

@@ -37,25 +37,22 @@ def clean_env() -> dict[str, str]:
     return env
 
 
-@pytest.mark.slow
-@pytest.mark.multiprocess
-def test_two_processes_of_four_devices_match_one_process_of_eight(tmp_path):
-    proc = subprocess.Popen(
-        launch_cmd(
-            "-n",
-            "2",
-            "--devices-per-process",
-            "4",
-            str(SCRIPTS / "train_tiny.py"),
-            "train",
-            str(tmp_path),
-        ),
+def start_two_ranks(script: Path, *args: str) -> subprocess.Popen:
+    """``jaxcore launch -n 2 --devices-per-process 4 SCRIPT ARGS``, output piped."""
+    return subprocess.Popen(
+        launch_cmd("-n", "2", "--devices-per-process", "4", str(script), *args),
         env=clean_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
         cwd=ROOT,
     )
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_two_processes_of_four_devices_match_one_process_of_eight(tmp_path):
+    proc = start_two_ranks(SCRIPTS / "train_tiny.py", "train", str(tmp_path))
     # Meanwhile, the reference: one process, 8 devices, the same global batches.
     engine = jc.Engine(parallel=jc.ParallelConfig(fsdp=-1), zero=3)
     state = engine.prepare(factory, optax.sgd(0.1, momentum=0.9))
@@ -90,21 +87,7 @@ def test_a_pipeline_across_processes_feeds_every_process_the_whole_batch(tmp_pat
     at ZeRO-3 the check rejected a right-sized batch."""
     from tests.jaxcore.scripts.pipeline_ranks import BATCH, LAYOUTS, engine_for, train
 
-    proc = subprocess.Popen(
-        launch_cmd(
-            "-n",
-            "2",
-            "--devices-per-process",
-            "4",
-            str(SCRIPTS / "pipeline_ranks.py"),
-            str(tmp_path),
-        ),
-        env=clean_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-    )
+    proc = start_two_ranks(SCRIPTS / "pipeline_ranks.py", str(tmp_path))
     # Meanwhile, the reference: one process, 8 devices, the same global batches.
     reference = {name: train(engine_for(name), lambda b: b) for name in LAYOUTS}
     out, err = proc.communicate(timeout=600)

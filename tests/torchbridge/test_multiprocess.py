@@ -1,13 +1,12 @@
 """torchbridge over 2 processes x 4 CPU devices equals 1 process x 8 with twice the batch."""
 
 import json
-import subprocess
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from tests.jaxcore.test_launch import ROOT, clean_env, launch_cmd
+from tests.jaxcore.test_launch import start_two_ranks
 from tests.torchbridge.scripts.two_process_loader import train
 
 SCRIPT = Path(__file__).parent / "scripts" / "two_process_loader.py"
@@ -18,14 +17,7 @@ SCRIPT = Path(__file__).parent / "scripts" / "two_process_loader.py"
 def test_two_processes_load_alternate_torch_batches_like_one_with_twice_the_batch(tmp_path):
     # Process p loads torch batch 2k + p of each step k (batch_size per process), so the
     # global batch is the 1-process loader's batch k at twice the batch size: same order.
-    proc = subprocess.Popen(
-        launch_cmd("-n", "2", "--devices-per-process", "4", str(SCRIPT), str(tmp_path), "4"),
-        env=clean_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-    )
+    proc = start_two_ranks(SCRIPT, str(tmp_path), "4")
     reference = train(8)
     _, err = proc.communicate(timeout=600)
     assert proc.returncode == 0, err[-3000:]

@@ -261,8 +261,8 @@ def _pipelined(layer_fn, x, layer_params, per_example, ctx: trace_context.TraceC
     # (benchmarks/training_speed.md, section 2, round 7).
     manual = {"pipeline", *batch_mesh_axes}
     inner_ctx = dataclasses.replace(ctx, rules=_without_axes(ctx.rules, manual))
-    rows_spec = PartitionSpec("pipeline", batch_axes if shards > 1 else None)
-    weights_spec = rows_spec if shards > 1 else PartitionSpec("pipeline")
+    # Rows and (with per-shard copies) weights: stage axis, then the shard axis if any.
+    block_spec = PartitionSpec("pipeline", batch_axes if shards > 1 else None)
     weight_dims = 2 if shards > 1 else 1  # the stage (and shard) axes of a weight block
 
     def local_stage(h, layers, *ex):
@@ -275,8 +275,8 @@ def _pipelined(layer_fn, x, layer_params, per_example, ctx: trace_context.TraceC
         return jax.shard_map(
             local_stage,
             mesh=mesh,
-            in_specs=(rows_spec, weights_spec, *[rows_spec] * len(ex)),
-            out_specs=rows_spec,
+            in_specs=(block_spec, block_spec, *[block_spec] * len(ex)),
+            out_specs=block_spec,
             axis_names=manual,
         )(h, layers, *ex)
 

@@ -43,3 +43,11 @@ def test_leaves_with_different_row_counts_are_rejected():
         EvalGatherer(total=5)({"a": np.zeros(3), "b": np.zeros(4)})
     with pytest.raises(jc.ConfigError, match="valid"):
         gather(np.zeros(3), valid=-1)
+
+
+def test_gather_with_an_engine_in_one_process_is_plain_gather():
+    engine = jc.Engine(parallel=jc.ParallelConfig(pipeline=2, fsdp=4), microbatches=2)
+    assert engine.process_batch_block == (0, 1)
+    ids = np.arange(5)
+    np.testing.assert_array_equal(gather({"id": ids}, engine=engine)["id"], ids)
+    np.testing.assert_array_equal(EvalGatherer(total=3, engine=engine)(ids), ids[:3])

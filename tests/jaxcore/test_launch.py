@@ -102,6 +102,9 @@ def test_a_pipeline_across_processes_feeds_every_process_the_whole_batch(tmp_pat
         assert "passed different data to shard_batch" in res["halves"], res["halves"]
         assert "engine.local_rows" in res["halves"]
         assert res["global_passes_through"] is True
+        # Both ranks passed all 16 rows: gathered with the engine, each row counts once.
+        assert res["gathered"] == list(range(BATCH))
+        assert res["gathered_valid"] == list(range(BATCH - 3))
 
 
 @pytest.mark.slow

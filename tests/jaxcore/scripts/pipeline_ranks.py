@@ -4,8 +4,8 @@ With ``pipeline=2`` and no ``data`` axis the mesh's cross-process split is on th
 pipeline: each process holds one stage and every row of the batch. Each layout in
 `LAYOUTS` trains 2 steps, every process passing ``engine.local_rows``'s rows of the same
 global batches; then each process passes "its own half" (the pattern that is right when
-the batch is cut over the processes), which must fail with a `BatchError`. Writes
-OUT/rank{i}.json.
+the batch is cut over the processes), which must fail with a `BatchError`. Per-row values
+gathered with the engine count each row once. Writes OUT/rank{i}.json.
 """
 
 import json
@@ -19,9 +19,11 @@ from jaxcore.distributed import initialize
 initialize()
 
 import jax  # noqa: E402
+import numpy as np  # noqa: E402
 import optax  # noqa: E402
 
 import jaxcore as jc  # noqa: E402
+from jaxcore.gather import EvalGatherer, gather  # noqa: E402
 from jaxcore.models import lm_loss  # noqa: E402
 from tests.jaxcore.helpers import factory, make_batch  # noqa: E402
 
@@ -69,6 +71,10 @@ if __name__ == "__main__":
     sharded = engine.shard_batch({k: v[lo:hi] for k, v in make_batch(BATCH, 0).items()})
     again = engine_for("pipeline2_fsdp4_zero3").shard_batch(sharded)
     result["global_passes_through"] = again["tokens"] is sharded["tokens"]
+    # Per-row eval values of the rows this process passed (every row, on both ranks).
+    ids = np.arange(lo, hi)
+    result["gathered"] = gather({"id": ids}, engine=engine)["id"].tolist()
+    result["gathered_valid"] = EvalGatherer(total=BATCH - 3, engine=engine)(ids).tolist()
     half = BATCH // nproc
     try:
         train(

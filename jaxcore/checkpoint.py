@@ -54,6 +54,7 @@ from jaxcore.checkpointing import record as rec
 from jaxcore.checkpointing.atomic import manifested_rename
 from jaxcore.checkpointing.manifest import VERIFY_MODES, Damage, has_manifest
 from jaxcore.checkpointing.preemption import PreemptionWatch
+from jaxcore.checkpointing.storage import failed_step, storage_failure
 from jaxcore.checkpointing.verification import Unreadable, agree_on_damage
 from jaxcore.errors import ConfigError, JaxcoreError
 from jaxcore.input import check_loader
@@ -76,7 +77,8 @@ class Preempted(SystemExit):
 
 
 class CheckpointError(JaxcoreError):
-    """A checkpoint could not be verified or read, and nothing proves it is damaged.
+    """A checkpoint could not be verified or read, and nothing proves it is damaged; or
+    the storage refused a save (a full disk, a quota, a read-only mount).
 
     Raised instead of guessing: the step directory is left where it is. The message names
     the step, the file or item, and the underlying exception.
@@ -346,7 +348,13 @@ class Checkpointer:
         if metrics is not None:
             metrics = {k: float(jax.device_get(v)) for k, v in metrics.items()}
         t0 = time.perf_counter()
-        saved = self._mgr.save(step, args=ocp.args.Composite(**items), metrics=metrics, force=True)
+        try:
+            saved = self._mgr.save(
+                step, args=ocp.args.Composite(**items), metrics=metrics, force=True
+            )
+        except Exception as e:
+            self._raise_if_storage(e, step)
+            raise
         if saved:
             log.info(
                 "checkpoint step %d -> %s (%s, blocked %.2fs)",
@@ -359,7 +367,36 @@ class Checkpointer:
 
     def wait(self) -> None:
         """Block until every save in flight is finalized (manifest included)."""
-        self._mgr.wait_until_finished()
+        try:
+            self._mgr.wait_until_finished()
+        except Exception as e:
+            self._raise_if_storage(e, None)
+            raise
+
+    def _raise_if_storage(self, error: Exception, step: int | None) -> None:
+        """Turn a save that the storage refused (full disk, quota, read-only) into a
+        `CheckpointError` that says which step was lost, what is intact and what to do."""
+        reason = storage_failure(error)
+        if reason is None:
+            return
+        step = failed_step(error) or step
+        what = f"step {step}" if step is not None else "a step"
+        try:
+            free = f"{shutil.disk_usage(self.directory).free / 2**20:.1f} MiB free there now"
+        except OSError:
+            free = "free space unknown"
+        steps = sorted(self._mgr.all_steps())
+        intact = (
+            f"the finalized steps {steps} are intact and a rerun resumes from step {steps[-1]}"
+            if steps
+            else "no step is finalized yet, so a rerun starts from scratch"
+        )
+        raise CheckpointError(
+            f"saving checkpoint {what} to {self.directory} failed: {reason} ({free}). That "
+            f"step was not saved; {intact}. Free space on that disk (a smaller "
+            "CheckpointConfig.keep_last keeps fewer steps) or point "
+            "CheckpointConfig.directory at a larger one."
+        ) from error
 
     def close(self) -> None:
         """Finish pending saves, release Orbax's threads and SIGTERM (idempotent)."""

@@ -4,7 +4,10 @@ Every fault is injected at an exact place (a file truncated, deleted or flipped;
 restore monkeypatched to raise; a read that fails), never by timing.
 """
 
+import errno
 import json
+import resource
+import signal
 
 import jax
 import jax.numpy as jnp
@@ -15,7 +18,8 @@ import pytest
 
 import jaxcore as jc
 from jaxcore.checkpoint import CheckpointConfig, Checkpointer, CheckpointError
-from jaxcore.checkpointing import atomic, manifest
+from jaxcore.checkpointing import atomic, manifest, storage
+from jaxcore.checkpointing.manifest import write_manifest
 from jaxcore.models import lm_loss
 
 from .helpers import factory, host, make_batch
@@ -205,3 +209,66 @@ def test_a_loader_that_cannot_resume_fails_at_construction(tmp_path):
     with pytest.raises(jc.ConfigError, match=r"Batches cannot be checkpointed.*get_state"):
         Checkpointer(CheckpointConfig(directory=tmp_path), loader=Batches())
     assert not any(tmp_path.iterdir())
+
+
+def test_a_full_disk_while_finalizing_names_the_lost_step(tmp_path, trained, monkeypatch):
+    """ENOSPC in the async finalize of step 2 (the manifest write): the error reaches the
+    next save as a CheckpointError naming step 2, the intact step 1 and the fix; a rerun
+    resumes from step 1. Before, Orbax's raw OSError came out of an unrelated save."""
+
+    def full_disk(root, step):
+        if step == 2:
+            raise OSError(errno.ENOSPC, "No space left on device", str(root / "x"))
+        write_manifest(root, step)
+
+    monkeypatch.setattr(atomic, "write_manifest", full_disk)
+    engine, state = trained
+    with (
+        pytest.raises(CheckpointError) as raised,
+        Checkpointer(CheckpointConfig(directory=tmp_path), engine=engine) as ckpt,
+    ):
+        for s in (1, 2, 3):
+            ckpt.save(_bumped(state, s), force=True)
+        ckpt.wait()
+    msg = str(raised.value)
+    assert "step 2" in msg and "no space left on device" in msg, msg
+    assert "[1] are intact" in msg and "resumes from step 1" in msg, msg
+    assert "CheckpointConfig.directory" in msg
+    monkeypatch.undo()
+    ckpt, restored = _resume(tmp_path)
+    assert ckpt.resumed_step == 1
+    assert _equal(restored.params, _bumped(state, 1).params)
+
+
+def test_a_file_size_limit_the_kernel_enforces_is_a_storage_error(tmp_path, trained):
+    """A real refusal from the kernel through TensorStore (EFBIG under a file-size limit:
+    no root needed, unlike a small tmpfs), synchronous save."""
+    engine, state = trained
+    config = CheckpointConfig(directory=tmp_path, async_save=False)
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)
+    old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # EFBIG, not a kill
+    try:
+        with Checkpointer(config, engine=engine) as ckpt:
+            ckpt.save(_bumped(state, 1), force=True)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (4096, limit[1]))
+            with pytest.raises(CheckpointError, match=r"step 2 .*file too large") as raised:
+                ckpt.save(_bumped(state, 2), force=True)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limit)
+        signal.signal(signal.SIGXFSZ, old_handler)
+    assert "[1] are intact" in str(raised.value)
+    assert _resume(tmp_path)[0].resumed_step == 1
+
+
+def test_errors_that_are_not_the_storage_propagate_unchanged():
+    assert storage.storage_failure(ValueError("a bug")) is None
+    wrapped = ValueError(
+        "RESOURCE_EXHAUSTED: Error writing ... at local file "
+        '"/r/7.orbax-checkpoint-tmp/state/d/1": No space left on device '
+        "[os_error_code='28']"
+    )
+    assert storage.storage_failure(wrapped) == "no space left on device"
+    assert storage.failed_step(wrapped) == 7
+    chained = RuntimeError("save failed")
+    chained.__cause__ = OSError(errno.EROFS, "Read-only file system")
+    assert storage.storage_failure(chained) == "the filesystem is read-only"

@@ -7,11 +7,13 @@ any Grain-based loader (``jaxcore.input`` included).
 
 `TorchLoader` carries a ``DataLoader``'s batch size, shuffle, ``drop_last`` and
 ``collate_fn`` over: epoch *e* visits the same indices in the same batches as the
-DataLoader's *e*-th ``iter()`` (it replays torch's RNG draws: the base-seed draw, then
-``randperm``, from the loader's generator, or from the global RNG as captured when the
-bridge was built). Batches come out as global ``jax.Array``s sharded over the engine's
-data axes. Its state, ``{"epoch", "batch", "rng"}`` (JSON-able), restores the exact
-position. With several processes, process *p* loads torch batch ``k * P + p`` of each
+DataLoader's *e*-th ``iter()`` (it replays torch's RNG draws: the base-seed draw from the
+loader's generator, then ``randperm`` from the sampler's, the same one unless
+``sampler=RandomSampler(ds, generator=g)`` brings its own; a ``None`` generator is the
+global RNG as captured when the bridge was built). Batches come out as global
+``jax.Array``s sharded over the engine's data axes. Its state, ``{"epoch", "batch",
+"rng"}`` (plus ``"sampler_rng"`` for a sampler's own generator; JSON-able), restores the
+exact position. With several processes, process *p* loads torch batch ``k * P + p`` of each
 step *k* (Accelerate's ``BatchSamplerShard``), so ``batch_size`` is per process. *P* and
 *p* are the engine's row blocks (`jaxcore.Engine.process_batch_block`): the process count
 and index unless processes share rows (then they load the same batches).
@@ -80,6 +82,13 @@ def _encode(state: Any) -> str:
     return base64.b64encode(bytes(state.numpy().tobytes())).decode("ascii")
 
 
+def _rng_state(generator: Any) -> Any:
+    """A generator's state, or the global RNG's for ``None``."""
+    import torch
+
+    return torch.get_rng_state() if generator is None else generator.get_state()
+
+
 def _decode(text: str) -> Any:
     import torch
 
@@ -111,11 +120,14 @@ class TorchLoader:
         num_epochs: int | None = None,
         prefetch: int = 2,
     ):
-        import torch
         from torch.utils.data import RandomSampler, SequentialSampler
 
         if dataloader.batch_size is None:
-            raise UnsupportedError("TorchLoader: DataLoader(batch_size=None) is not supported.")
+            raise UnsupportedError(
+                "TorchLoader: a DataLoader without batch_size (batch_size=None or a custom "
+                "batch_sampler) is not supported; build it as DataLoader(dataset, "
+                "batch_size=N, shuffle=..., drop_last=...)."
+            )
         sampler = dataloader.sampler
         if isinstance(sampler, RandomSampler):
             if sampler.replacement or sampler._num_samples is not None:
@@ -139,29 +151,38 @@ class TorchLoader:
         self.source = DatasetSource(dataloader.dataset, numpy=False)
         self.num_epochs = num_epochs
         self.prefetch = prefetch
-        self._own_generator = dataloader.generator is not None
-        gen_state = (
-            dataloader.generator.get_state() if self._own_generator else torch.get_rng_state()
-        )
-        self._state = {"epoch": 0, "batch": 0, "rng": _encode(gen_state)}
+        # Two random streams: the iterator's base seed comes from the loader's generator,
+        # the permutation from the sampler's (the loader passes its own to the sampler it
+        # builds; `sampler=RandomSampler(ds, generator=g)` has another); None is the global
+        # RNG, as captured now. One stream when both are the same.
+        loader_gen = dataloader.generator
+        self._sampler_gen = sampler.generator if self.shuffle else loader_gen
+        self._split = self._sampler_gen is not loader_gen
+        self._state = {"epoch": 0, "batch": 0, "rng": _encode(_rng_state(loader_gen))}
+        if self._split:
+            self._state["sampler_rng"] = _encode(_rng_state(self._sampler_gen))
 
     # ------------------------------------------------------------------ order
-    def _epoch_batches(self, rng_state: str) -> tuple[list[list[int]], str]:
-        """This epoch's batches of indices, and the RNG state the next epoch starts from."""
+    def _epoch_batches(self, state: dict[str, Any]) -> tuple[list[list[int]], dict[str, str]]:
+        """This epoch's batches of indices, and the RNG states the next epoch starts from."""
         import torch
 
         n = len(self.source)
         gen = torch.Generator()
-        gen.set_state(_decode(rng_state))
+        gen.set_state(_decode(state["rng"]))
         torch.empty((), dtype=torch.int64).random_(generator=gen)  # the iterator's base seed
+        perm = gen
+        if self._split:
+            perm = torch.Generator()
+            perm.set_state(_decode(state["sampler_rng"]))
         if self.shuffle:
-            if self._own_generator:
-                order = torch.randperm(n, generator=gen).tolist()
+            if self._sampler_gen is not None:
+                order = torch.randperm(n, generator=perm).tolist()
                 # RandomSampler.__iter__ ends with `randperm(n)[: num_samples % n]`, which
                 # still draws a full permutation when the epoch is exhausted (torch 2.13).
-                torch.randperm(n, generator=gen)
+                torch.randperm(n, generator=perm)
             else:  # RandomSampler seeds a fresh generator from the global RNG
-                seed = int(torch.empty((), dtype=torch.int64).random_(generator=gen).item())
+                seed = int(torch.empty((), dtype=torch.int64).random_(generator=perm).item())
                 order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
         else:
             order = list(range(n))
@@ -169,7 +190,10 @@ class TorchLoader:
         batches = [order[i : i + size] for i in range(0, n, size)]
         if self.drop_last and batches and len(batches[-1]) < size:
             batches.pop()
-        return batches, _encode(gen.get_state())
+        rngs = {"rng": _encode(gen.get_state())}
+        if self._split:
+            rngs["sampler_rng"] = _encode(perm.get_state())
+        return batches, rngs
 
     def _block(self) -> tuple[int, int]:
         if self.engine is None:
@@ -191,6 +215,8 @@ class TorchLoader:
     def set_state(self, state: dict[str, Any]) -> None:
         """Resume from a `get_state` result (next batch yielded is the one after it)."""
         missing = {"epoch", "batch", "rng"} - set(state)
+        if self._split:
+            missing |= {"sampler_rng"} - set(state)
         if missing:
             raise jc.ConfigError(f"TorchLoader.set_state: state lacks {sorted(missing)}.")
         self._state = {"epoch": int(state["epoch"]), "batch": int(state["batch"]), **state}
@@ -207,7 +233,7 @@ class TorchLoader:
 
     def __iter__(self) -> Iterator[Any]:
         while self.num_epochs is None or self._state["epoch"] < self.num_epochs:
-            batches, next_rng = self._epoch_batches(self._state["rng"])
+            batches, next_rngs = self._epoch_batches(self._state)
             mine = self._process_batches(batches)
             dataset = (
                 grain.MapDataset.source(mine)
@@ -224,7 +250,7 @@ class TorchLoader:
                 batch = next(it)
                 self._state = {**self._state, "batch": k + 1}
                 yield batch if self.engine is None else self.engine.shard_batch(batch)
-            self._state = {"epoch": self._state["epoch"] + 1, "batch": 0, "rng": next_rng}
+            self._state = {"epoch": self._state["epoch"] + 1, "batch": 0, **next_rngs}
 
 
 def as_numpy_batch(batch: Any) -> Any:

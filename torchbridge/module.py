@@ -27,6 +27,7 @@ import dataclasses
 import logging
 import threading
 import warnings
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -249,6 +250,38 @@ class _OpFailure:
 
 
 _failure = _OpFailure()
+
+
+class _Usage:
+    """Which trainable parameters the running call's ops read (per thread)."""
+
+    def __init__(self):
+        self.local = threading.local()
+
+    def start(self, names: dict[int, str], seen: set[str]) -> tuple:
+        old = (getattr(self.local, "names", None), getattr(self.local, "seen", None))
+        self.local.names, self.local.seen = names, seen
+        return old
+
+    def stop(self, old: tuple) -> None:
+        self.local.names, self.local.seen = old
+
+    def record(self, args: Any, kwargs: Any) -> None:
+        names = getattr(self.local, "names", None)
+        if not names:
+            return
+        from torch.utils import _pytree
+
+        for leaf in _pytree.tree_leaves((args, kwargs)):
+            name = names.get(id(leaf))
+            if name is not None:
+                self.local.seen.add(name)
+
+
+_usage = _Usage()
+# Per torch module, the trainable parameters whose optimizer group decays weights (set by
+# `torchbridge.to_optax`): the ones the step warns about when the loss never reads them.
+DECAYED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _env_lock = threading.Lock()
 _env: Any = None
 
@@ -280,6 +313,7 @@ def environment() -> Any:
                 return True
 
             def dispatch(self, func, types, args, kwargs):
+                _usage.record(args, kwargs)
                 try:
                     return super().dispatch(func, types, args, kwargs)
                 except _DATA_DEPENDENT:
@@ -410,6 +444,7 @@ class BoundModule:
         self._bridge = bridge
         self._params = params
         self._state = model_state
+        self._used: set[str] | None = None  # parameter names read by the calls so far
 
     @property
     def module(self) -> Any:
@@ -445,6 +480,9 @@ class BoundModule:
         train = (root.training if bridge.train is None else bridge.train) and rng is not None
         fastpath = torch.backends.mha.get_fastpath_enabled()
         _failure.op = None
+        if self._used is None:
+            self._used = set()
+        usage = _usage.start({id(tensors[n]): n for n in spec.params}, self._used)
         with (
             bridge.lock,
             _mode(root, train, force=bridge.train is True),
@@ -464,6 +502,7 @@ class BoundModule:
                 raise
             finally:
                 torch.backends.mha.set_fastpath_enabled(fastpath)
+                _usage.stop(usage)
         # Keep each buffer's shape and dtype (torchax may return `x.add_(1)` on a 0-d
         # buffer as shape (1,)); the engine's step needs a fixed model_state structure.
         self._state = nest(
@@ -493,6 +532,7 @@ class TorchModel:
         self.env = environment()
         self.spec = ModuleSpec.of(module)
         self.lock = threading.RLock()
+        self.warned_unused = False
         tensors = dict(module.named_parameters())
         tensors.update(module.named_buffers())
         self._check_supported(module)
@@ -518,6 +558,30 @@ class TorchModel:
                     "momentum, e.g. 0.1."
                 )
 
+    def state_of(self, bound: BoundModule) -> Any:
+        """The buffers after the loss function ran; warns about decayed, unread parameters.
+
+        torch's optimizer skips a parameter whose ``.grad`` is None (the loss never read
+        it); the bridged one sees a zero gradient, which leaves it alone except for weight
+        decay.
+        """
+        decayed = DECAYED.get(self.module, frozenset())
+        if bound._used is not None and decayed and not self.warned_unused:
+            unread = [n for n in self.spec.params if n in decayed and n not in bound._used]
+            if unread:
+                self.warned_unused = True
+                more = f" and {len(unread) - 5} more" if len(unread) > 5 else ""
+                warnings.warn(
+                    f"torchbridge: parameters {unread[:5]}{more} take no part in the loss, "
+                    "so they get no gradient. torch's optimizer skips a parameter whose "
+                    ".grad is None, but the bridged one sees a zero gradient and still "
+                    "applies its weight decay, so they shrink every step. Freeze them "
+                    "(p.requires_grad_(False)) or put them in a parameter group with "
+                    "weight_decay=0 before prepare.",
+                    stacklevel=2,
+                )
+        return bound.model_state
+
     def adapter(self) -> jc.ModelAdapter:
         """The `jaxcore.ModelAdapter` the engine's ``prepare`` accepts."""
         shapes = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), self.initial)
@@ -530,7 +594,7 @@ class TorchModel:
         return jc.ModelAdapter(
             init=init,
             bind=lambda params, state: BoundModule(self, params, state),
-            state_of=lambda bound: bound.model_state,
+            state_of=self.state_of,
             abstract=shapes,
             logical_axes=None,
             initial=initial,

@@ -32,7 +32,7 @@ import jax.numpy as jnp
 import optax
 
 from torchbridge.errors import UnsupportedError
-from torchbridge.module import ModuleSpec, nest
+from torchbridge.module import DECAYED, ModuleSpec, nest
 
 Schedule = Callable[[Any], Any]
 
@@ -107,6 +107,20 @@ def schedule_of(
     from torch.optim import lr_scheduler as S
 
     kind = type(scheduler).__name__
+    supported = (S.StepLR, S.CosineAnnealingLR, S.LinearLR, S.OneCycleLR)
+    if not (isinstance(scheduler, supported) or type(scheduler) is S.LambdaLR):
+        raise UnsupportedError(
+            f"torchbridge: LR scheduler {kind} is not supported; use StepLR, "
+            "CosineAnnealingLR, LinearLR, OneCycleLR or LambdaLR, or pass prepare an optax "
+            "optimizer whose learning rate is an optax schedule (optax.join_schedules "
+            "chains several)."
+        )
+    if group >= len(scheduler.base_lrs):
+        raise UnsupportedError(
+            f"torchbridge: parameter group {group} was added to the optimizer after the "
+            f"scheduler {kind} was built, so the scheduler has no learning rate for it. "
+            "Call add_param_group before building the scheduler."
+        )
     offset = scheduler.last_epoch  # steps already taken before prepare
     base = float(scheduler.base_lrs[group])
 
@@ -125,12 +139,7 @@ def schedule_of(
         ), None
     if isinstance(scheduler, S.OneCycleLR):
         return _one_cycle(scheduler, group, offset)
-    if type(scheduler) is S.LambdaLR:
-        return _lambda_lr(scheduler, group, offset, schedule_steps), None
-    raise UnsupportedError(
-        f"torchbridge: LR scheduler {kind} is not supported; use StepLR, CosineAnnealingLR, "
-        "LinearLR, OneCycleLR or LambdaLR, or pass an optax schedule yourself."
-    )
+    return _lambda_lr(scheduler, group, offset, schedule_steps), None
 
 
 def _one_cycle(scheduler: Any, group: int, offset: int) -> tuple[Schedule, Schedule | None]:
@@ -182,7 +191,8 @@ def _check(kind: str, group: dict, allowed: set[str]) -> None:
         if key in allowed or key in _IGNORED:
             continue
         raise UnsupportedError(
-            f"torchbridge: {kind} option {key}={value!r} is not supported by the bridge."
+            f"torchbridge: {kind} option {key}={value!r} is not supported by the bridge; "
+            "leave it at its default or pass prepare an optax transformation instead."
         )
 
 
@@ -229,7 +239,10 @@ def _group_transform(
     if type(optimizer) in (torch.optim.Adam, torch.optim.AdamW):
         _check(kind, group, _ADAM_OK)
         if group.get("amsgrad"):
-            raise UnsupportedError(f"torchbridge: {kind}(amsgrad=True) is not supported.")
+            raise UnsupportedError(
+                f"torchbridge: {kind}(amsgrad=True) is not supported; use amsgrad=False, or "
+                "pass prepare an optax transformation (optax.amsgrad)."
+            )
         decoupled = type(optimizer) is torch.optim.AdamW or bool(
             group.get("decoupled_weight_decay", False)
         )
@@ -271,9 +284,19 @@ def to_optax(
         )
     if scheduler is not None and scheduler.optimizer is not optimizer:
         raise UnsupportedError("to_optax: the scheduler belongs to a different optimizer.")
+    stateful = [k for st in optimizer.state.values() for k, v in st.items() if torch.is_tensor(v)]
+    if stateful:
+        raise UnsupportedError(
+            f"to_optax: the {type(optimizer).__name__} already holds state "
+            f"({sorted(set(stateful))}: it was stepped or loaded with load_state_dict), and "
+            "the bridge starts the optimizer from zero, which would not continue that run. "
+            "Pass a freshly built optimizer (the module's current weights are kept); to "
+            "resume bridged training exactly, save and restore with jaxcore.Checkpointer."
+        )
     spec = ModuleSpec.of(module)
     by_id = {id(p): n for n, p in module.named_parameters()}
     labels: dict[str, str] = {}
+    decayed: set[str] = set()
     transforms = {}
     for i, group in enumerate(optimizer.param_groups):
         for p in group["params"]:
@@ -283,10 +306,13 @@ def to_optax(
                     "of the module being prepared."
                 )
             labels[by_id[id(p)]] = f"group{i}"
+            if float(group.get("weight_decay", 0.0)):
+                decayed.add(by_id[id(p)])
         lr, beta = (float(group["lr"]), None)
         if scheduler is not None:
             lr, beta = schedule_of(scheduler, i, schedule_steps=schedule_steps)
         transforms[f"group{i}"] = _group_transform(optimizer, group, lr, beta)
+    DECAYED[module] = frozenset(decayed)
     # Trainable parameters no group holds are not updated (torch would not touch them).
     transforms["frozen"] = optax.set_to_zero()
     label_tree = nest({n: labels.get(n, "frozen") for n in spec.params})

@@ -21,7 +21,7 @@ from jaxcore.experiments.config import (
 from jaxcore.experiments.early_stopping import EarlyStopping, make_pruner
 from jaxcore.experiments.experiment import ExperimentLoop, Summary
 from jaxcore.experiments.registry import Registry, ResolvedModel
-from jaxcore.experiments.store import Store
+from jaxcore.experiments.store import Store, StoreError
 from jaxcore.experiments.trial_context import Trial, TrialContext
 from jaxcore.experiments.trial_executors import (
     InlineTrialExecutor,
@@ -64,6 +64,7 @@ __all__ = [
     "RetentionConfig",
     "SearcherConfig",
     "Store",
+    "StoreError",
     "SubprocessTrialExecutor",
     "Summary",
     "Trial",

@@ -33,7 +33,25 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy import event
 
+from jaxcore.errors import JaxcoreError
+
 log = logging.getLogger(__name__)
+
+# What databases say when their storage refuses a write (SQLite, PostgreSQL): not
+# transient, and not a bug in the caller.
+_STORAGE_FULL = (
+    "database or disk is full",
+    "disk i/o error",
+    "readonly database",
+    "no space left on device",
+    "could not extend file",
+    "disk quota exceeded",
+)
+
+
+class StoreError(JaxcoreError):
+    """The experiment store cannot be written: its disk is full or read-only."""
+
 
 meta = sa.MetaData()
 
@@ -250,8 +268,30 @@ class Store:
         self.engine.dispose()
 
     # ----------------------------------------------------------------- plumbing
+    @contextlib.contextmanager
+    def _storage_errors(self) -> Iterator[None]:
+        """Turn a write the database's storage refused into a `StoreError` that says so."""
+        try:
+            yield
+        except sa.exc.OperationalError as e:
+            text = str(e).lower()
+            reason = next((k for k in _STORAGE_FULL if k in text), None)
+            if reason is None:
+                raise
+            raise StoreError(
+                f"the experiment store {safe_url(self.url)} cannot be written: {reason}. "
+                "What it recorded before is intact and trials resume from their latest "
+                "checkpoints: free space on the disk that holds it (or its server's), then "
+                "continue with `jaxcore experiment resume ID` (`jaxcore experiment list` "
+                "shows the ID)."
+            ) from e
+
+    def _retry(self, fn: Any, attempts: int = 30) -> Any:
+        with self._storage_errors():
+            return self._retry_transient(fn, attempts)
+
     @staticmethod
-    def _retry(fn: Any, attempts: int = 30) -> Any:
+    def _retry_transient(fn: Any, attempts: int) -> Any:
         for i in range(attempts):
             try:
                 return fn()
@@ -282,7 +322,7 @@ class Store:
         if getattr(self._local, "conn", None) is not None:
             yield  # nested: part of the outer transaction
             return
-        with self.engine.begin() as conn:
+        with self._storage_errors(), self.engine.begin() as conn:
             self._local.conn = conn
             try:
                 yield

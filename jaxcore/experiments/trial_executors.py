@@ -146,10 +146,14 @@ class InlineTrialExecutor(TrialExecutor):
             code = e.code if isinstance(e.code, int) else 1
         except Exception:
             code = 1
-            log_path.parent.mkdir(parents=True, exist_ok=True)
-            with open(log_path, "a") as f:
-                f.write(traceback.format_exc())
-            log.warning("trial %d failed:\n%s", trial_id, traceback.format_exc())
+            failure = traceback.format_exc()
+            try:
+                log_path.parent.mkdir(parents=True, exist_ok=True)
+                with open(log_path, "a") as f:
+                    f.write(failure)
+            except OSError as e:  # a full disk must not turn the trial's error into ours
+                log.error("trial %d: could not append its failure to %s: %s", trial_id, log_path, e)
+            log.warning("trial %d failed:\n%s", trial_id, failure)
         finally:
             ctx.close()
         self._done.append((trial_id, code))

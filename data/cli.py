@@ -102,4 +102,14 @@ def main(argv: list[str] | None = None) -> int:
     except DataError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:
+        if args.cmd != "build":
+            raise
+        where = f" ({e.filename})" if e.filename else ""
+        print(
+            f"error: {e.strerror or e}{where}. Fix: free space or fix permissions there, "
+            "then rerun the same command: finished shards are kept",
+            file=sys.stderr,
+        )
+        return 2
     return 0

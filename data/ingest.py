@@ -159,6 +159,15 @@ def decode_bytes(raw: bytes) -> tuple[str, str] | None:
     return str(best), best.encoding
 
 
+def _printable(name: str) -> str:
+    """``name`` with undecodable (surrogate-escaped) bytes written as ``\\xNN``."""
+    try:
+        name.encode("utf-8")
+        return name
+    except UnicodeEncodeError:
+        return name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+
+
 def safe_member_path(name: str) -> str | None:
     """Normalise an archive member name; None when it is absolute or escapes the root."""
     name = name.replace("\\", "/")
@@ -190,6 +199,11 @@ class IngestStep(Step):
             ]
             for rec, raw in reader(unit, stats):
                 rec.shard, rec.index, rec.stars = rank, index, unit.stars
+                rec.repo = _printable(rec.repo)
+                if _printable(rec.path) != rec.path:
+                    # Not UTF-8 (surrogate-escaped bytes): Parquet strings cannot hold it.
+                    rec.path = _printable(rec.path)
+                    rec.drop(self.name, "undecodable_path")
                 index += 1
                 stats.files_in += 1
                 stats.bytes_in += rec.size
@@ -220,7 +234,9 @@ class IngestStep(Step):
     # -- directories -------------------------------------------------------------------
     def _read_dir(self, unit: RepoUnit, stats: StageStats) -> Iterator[Entry]:
         root = Path(unit.path)
-        for dirpath, dirs, files in os.walk(root):
+        unlistable: list[OSError] = []
+        for dirpath, dirs, files in os.walk(root, onerror=unlistable.append):
+            yield from self._unlistable(unit, root, unlistable)
             dirs[:] = sorted(
                 d for d in dirs if d != ".git" and not os.path.islink(os.path.join(dirpath, d))
             )
@@ -262,6 +278,16 @@ class IngestStep(Step):
                     continue
                 rec.size = len(raw)
                 yield rec, raw
+        yield from self._unlistable(unit, root, unlistable)
+
+    def _unlistable(self, unit: RepoUnit, root: Path, errors: list[OSError]) -> Iterator[Entry]:
+        """A folder ``os.walk`` could not list becomes an ``unreadable`` drop row."""
+        for err in errors:
+            rel = os.path.relpath(err.filename or root, root).replace(os.sep, "/")
+            rec = FileRecord(repo=unit.name, path="" if rel == "." else rel)
+            rec.drop(self.name, "unreadable")
+            yield rec, None
+        errors.clear()
 
     # -- git ---------------------------------------------------------------------------
     def _read_git(self, unit: RepoUnit, stats: StageStats) -> Iterator[Entry]:
@@ -467,6 +493,7 @@ def git_file_authors(path: str, commit: str) -> dict[str, tuple[str, ...]]:
             "-c",
             "core.quotePath=false",
             "log",
+            "-z",  # names unquoted, NUL-terminated (git quotes "\n", '"', "\\", "\t")
             "--no-renames",
             "--format=%x01%an <%ae>",
             "--name-only",
@@ -477,8 +504,8 @@ def git_file_authors(path: str, commit: str) -> dict[str, tuple[str, ...]]:
     ).stdout.decode("utf-8", "surrogateescape")
     found: dict[str, set[str]] = {}
     for block in out.split("\x01")[1:]:
-        who, *files = block.split("\n")
-        for f in files:
+        who, _, names = block.partition("\0")
+        for f in names.removeprefix("\n").split("\0"):
             if f:
                 found.setdefault(f, set()).add(who)
     return {f: tuple(sorted(a)) for f, a in found.items()}
@@ -492,8 +519,18 @@ def git_head(path: str) -> tuple[str, str]:
             ["git", "-C", path, *args], capture_output=True, text=True, check=False
         ).stdout.strip()
 
+    top = git("rev-parse", "--show-toplevel")  # empty for a bare repository
+    if top and Path(top).resolve() != Path(path).resolve():
+        raise BuildError(
+            f"{path} is not a git repository but lies inside {top}, whose files it would "
+            "ingest. Fix: use type: dir for a plain folder, or point sources[].path at the "
+            "repository's top folder"
+        )
     ref = git("symbolic-ref", "-q", "refs/remotes/origin/HEAD") or "HEAD"
     commit = git("rev-parse", "--verify", "-q", ref + "^{commit}")
     if not commit:
-        raise BuildError(f"{path} is not a git repository with a commit on its default branch")
+        raise BuildError(
+            f"{path} is not a git repository, or has no commit on its default branch. "
+            "Fix: commit to it, use type: dir for a plain folder, or remove it from sources"
+        )
     return commit, git("show", "-s", "--format=%cI", commit)

@@ -12,6 +12,7 @@ of the value, never the value itself.
 
 from __future__ import annotations
 
+import bisect
 import functools
 import hashlib
 import hmac
@@ -358,11 +359,15 @@ class PIIDetector:
                 for m in _scan(NAME_CONTEXT, text, _word_lines(text, NAME_WORDS, self._low))
             ]
         found.sort(key=lambda f: (PRIORITY[f.kind], f.start, -f.end))
+        # Taken spans do not overlap, so kept in start order only the neighbours of a new
+        # span can overlap it (a scan of all of them is quadratic in a log of addresses).
         taken: list[Finding] = []
+        starts: list[int] = []
         for f in found:
-            if all(f.end <= g.start or f.start >= g.end for g in taken):
-                taken.append(f)
-        taken.sort(key=lambda f: f.start)
+            i = bisect.bisect_right(starts, f.start)
+            if all(f.end <= g.start or f.start >= g.end for g in taken[max(i - 1, 0) : i + 1]):
+                taken.insert(i, f)
+                starts.insert(i, f.start)
         return taken
 
     def _keys(self, text: str, spans: list[tuple[int, int]]) -> list[Finding]:

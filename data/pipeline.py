@@ -16,6 +16,7 @@ survivor of a duplicate cluster.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -24,14 +25,16 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from data.config import BuildConfig, config_from_dict
 from data.decontam import DecontamStep
 from data.dedup import DedupItem, SignatureStep, find_duplicates
+from data.errors import BuildError
 from data.executor import make_executor
 from data.filters import FilterStep
-from data.ingest import IngestStep, assign_shards, plan_units
+from data.ingest import IngestStep, RepoUnit, assign_shards, plan_units
 from data.language import LanguageStep
 from data.license import LicenseStep
 from data.minhash import MinHasher
@@ -70,6 +73,29 @@ def _done(path: Path) -> bool:
     return path.exists()
 
 
+def _intact(files: dict[Path, int | None]) -> bool:
+    """Whether each Parquet file opens and holds the row count its marker recorded."""
+    for path, rows in files.items():
+        try:
+            n = pq.read_metadata(path).num_rows
+        except (OSError, ValueError, pa.ArrowException):
+            return False
+        if rows is not None and n != rows:
+            return False
+    return True
+
+
+def _cached(marker: Path, files: Any) -> dict[str, Any] | None:
+    """The marker's result when it exists and its files are intact; None to redo the work."""
+    if not _done(marker):
+        return None
+    result = json.loads(marker.read_text())
+    if _intact(files(result)):
+        return dict(result, skipped=True)
+    log.warning("%s: damaged output of an earlier run; redoing it", marker)
+    return None
+
+
 def _mark(path: Path, payload: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
@@ -99,16 +125,77 @@ def pii_secret(cfg: BuildConfig) -> bytes:
     return bytes.fromhex(p.read_text().strip())
 
 
-def _plan(cfg: BuildConfig) -> list[list]:
-    return assign_shards(plan_units(cfg.sources), cfg.num_shards)
+def _inputs_key(cfg: BuildConfig) -> str:
+    """Hash of what defines a version's output besides the sources' contents: the config
+    (less run-only settings), the opt-out registry and the decontamination files."""
+    config = {k: v for k, v in cfg.to_dict().items() if k not in RUN_ONLY_FIELDS}
+    h = hashlib.sha256(json.dumps(config, sort_keys=True).encode())
+    for f in (cfg.optout.registry, *cfg.decontam.files):
+        h.update(b"\0" + (Path(f).read_bytes() if f and Path(f).is_file() else b""))
+    return h.hexdigest()
+
+
+def _plan(cfg: BuildConfig) -> list[list[RepoUnit]]:
+    """The version's shard plan: made once and kept in ``_work/plan.json``.
+
+    Shards are balanced by input sizes, so a plan made again after the inputs changed (a
+    resumed build, or a worker starting later) could put a repository in two shards or in
+    none; every worker and every resume reads the first plan instead.
+    """
+    p = _work(cfg) / "plan.json"
+    key = _inputs_key(cfg)
+    if not p.exists():
+        plan = assign_shards(plan_units(cfg.sources), cfg.num_shards)
+        payload = {"inputs_sha256": key, "shards": [[vars(u) for u in s] for s in plan]}
+        p.parent.mkdir(parents=True, exist_ok=True)
+        tmp = p.with_name(f"{p.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(payload, sort_keys=True))
+        with contextlib.suppress(FileExistsError):
+            os.link(tmp, p)  # first writer wins
+        tmp.unlink()
+    saved = json.loads(p.read_text())
+    if saved["inputs_sha256"] != key:
+        raise BuildError(
+            f"{cfg.version_dir} was started with a different config, opt-out registry or "
+            "decontamination files; resuming would mix the two. Fix: build into a new "
+            f"version (version: ...), or delete {cfg.version_dir} to rebuild this one"
+        )
+    return [[RepoUnit(**u) for u in s] for s in saved["shards"]]
+
+
+@contextlib.contextmanager
+def _version_lock(cfg: BuildConfig):
+    """Hold ``<version>/.lock`` for the build: a second build of it is refused."""
+    import fcntl
+
+    cfg.version_dir.mkdir(parents=True, exist_ok=True)
+    with open(cfg.version_dir / ".lock", "a+") as fh:
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise BuildError(
+                f"another build is writing {cfg.version_dir}. Fix: wait for it to finish "
+                "(rerun afterwards to resume), or build into another output_dir or version"
+            ) from None
+        yield
 
 
 def stage1_shard(config: dict[str, Any], shard: int) -> dict[str, Any]:
     """Phase 1 for one shard; returns its step statistics (cached when already done)."""
     cfg = config_from_dict(config)
     marker = _work(cfg) / "stage1" / f"{shard:05d}.done"
-    if _done(marker):
-        return dict(json.loads(marker.read_text()), skipped=True)
+    d = _work(cfg) / "stage1"
+    cached = _cached(
+        marker,
+        lambda r: {
+            d / f"kept-{shard:05d}.parquet": r["kept"],
+            d / f"drops-{shard:05d}.parquet": r["dropped"],
+            d / f"pii-{shard:05d}.parquet": r["pii_logged"],
+            d / f"optout-{shard:05d}.parquet": None,
+        },
+    )
+    if cached is not None:
+        return cached
     delay = float(os.environ.get("DATA_TEST_SHARD_DELAY_S", "0"))  # test hook: widen the
     if delay:  # window in which the resume test kills a build
         time.sleep(delay)
@@ -125,7 +212,6 @@ def stage1_shard(config: dict[str, Any], shard: int) -> dict[str, Any]:
         SignatureStep(cfg.dedup),
     ]
     sink: list[StageStats] = []
-    d = _work(cfg) / "stage1"
     kept = RowWriter(d / f"kept-{shard:05d}.parquet", KEPT_SCHEMA)
     drops = RowWriter(d / f"drops-{shard:05d}.parquet", DROP_SCHEMA)
     pii = RowWriter(d / f"pii-{shard:05d}.parquet", PII_LOG_SCHEMA)
@@ -244,13 +330,21 @@ def stage3_shard(config: dict[str, Any], shard: int) -> dict[str, Any]:
     """Phase 3 for one shard: write the output shard and the full drop table."""
     cfg = config_from_dict(config)
     marker = _work(cfg) / "stage3" / f"{shard:05d}.done"
-    if _done(marker):
-        return dict(json.loads(marker.read_text()), skipped=True)
+    vdir = cfg.version_dir
+    cached = _cached(
+        marker,
+        lambda r: {
+            vdir / "shards" / f"part-{shard:05d}.parquet": r["rows"],
+            vdir / "drops" / f"part-{shard:05d}.parquet": r["dropped"],
+            _pii_path(vdir, shard): None,
+        },
+    )
+    if cached is not None:
+        return cached
     removed_list = json.loads((_work(cfg) / "dedup.done").read_text())["removed"].get(
         str(shard), []
     )
     removed = {index: (reason, surv) for index, reason, surv in removed_list}
-    vdir = cfg.version_dir
     s1 = _work(cfg) / "stage1"
     out = RowWriter(vdir / "shards" / f"part-{shard:05d}.parquet", KEPT_SCHEMA, OUTPUT_COLUMNS)
     drops = RowWriter(vdir / "drops" / f"part-{shard:05d}.parquet", DROP_SCHEMA)
@@ -319,9 +413,14 @@ def _sum(dicts: list[dict[str, int]]) -> dict[str, int]:
 
 def build(cfg: BuildConfig) -> dict[str, Any]:
     """Run (or resume) a build; returns the manifest. Writes ``<output_dir>/<version>/``."""
+    with _version_lock(cfg):
+        return _build(cfg)
+
+
+def _build(cfg: BuildConfig) -> dict[str, Any]:
     t_start = time.perf_counter()
     vdir = cfg.version_dir
-    vdir.mkdir(parents=True, exist_ok=True)
+    _plan(cfg)  # made (or checked against the config) before the workers start
     pii_secret(cfg)  # created before the workers start
     config = cfg.to_dict()
     executor = make_executor(cfg.executor, cfg.workers, cfg.progress)
@@ -376,8 +475,11 @@ def build(cfg: BuildConfig) -> dict[str, Any]:
         ],
         "pii_logs": [{"path": f, "sha256": sha256_file(vdir / f)} for f in pii_files],
     }
-    (vdir / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
-    write_checksums(vdir, [*files, *drop_files, *pii_files, "manifest.json"])
+    # The manifest goes in last and whole: its presence marks a finished snapshot.
+    tmp = vdir / "manifest.json.tmp"
+    tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    write_checksums(vdir, [*files, *drop_files, *pii_files], manifest=tmp)
+    os.replace(tmp, vdir / "manifest.json")
     previous = _previous_version(Path(cfg.output_dir), cfg.version)
     append_changelog(Path(cfg.output_dir), cfg.version, manifest, previous)
     if cfg.tokenize.enabled:

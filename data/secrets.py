@@ -522,12 +522,20 @@ def provider_value_ok(value: str) -> bool:
 # -- syntaxes ----------------------------------------------------------------------------
 _Q = r"""(?P<q>["'`])(?P<qv>[^"'`\n]{1,1024})(?P=q)"""
 _BARE = r"""(?P<bv>[^\s"'`<>\[\]{}|]{1,1024})"""
-_VALUE = rf"(?:(?:[bru]|new String\(|[\w.]*getenv\([^)]*,\s*)?{_Q}|{_BARE})"
+_VALUE = rf"(?:(?:[bru]|new String\(|String::from\(|[\w.]*getenv\([^)]*,\s*)?{_Q}|{_BARE})"
 # The name-bearing syntaxes are matched from the end of a key-like name found by
 # TRIGGER (a literal search on the lowered line), never by scanning every "x = y":
 # name [quote/bracket] sep value: env, INI, YAML, export, properties, JSON, code, XML
 # attributes, connection strings (Password=...;), JDBC/URL queries (&password=...).
-ASSIGN_TAIL = re.compile(r"[\"'\]]{0,2}\s*(?P<sep>=>|:=|\?\?=|<-|=(?!=)|:(?!:)|->)\s*" + _VALUE)
+# (`\"name\": \"x\"`: JSON inside a string literal; `NAME ?= x`: Makefile.)
+ASSIGN_TAIL = re.compile(
+    r"(?:\\?[\"'\]]){0,2}\s*(?P<sep>=>|:=|\?\?=|\?=|<-|=(?!=)|:(?!:)|->)\s*\\?" + _VALUE
+)
+# Type-annotated constants: Rust `API_KEY: &str = "x"`, TypeScript/Kotlin/Swift/Scala
+# `apiKey: string = "x"`, Python `TOKEN: Final[str] = "x"` (a quoted value only).
+TYPED_TAIL = re.compile(r"""\s*:\s*[\w.<>\[\]?&'| ]{1,40}?\s*=(?!=)\s*""" + _Q)
+# Dockerfile's legacy `ENV NAME value` (no `=`), C's `#define NAME "value"`.
+ENV_SPACE_TAIL = re.compile(r"[ \t]+" + _VALUE)
 # Setters: setPassword("x"), password.set("x"), withApiKey("x").
 SETTER_TAIL = re.compile(r"(?:\.set|\.setValue)?\(\s*" + _Q + r"\s*\)")
 # "name", "value" pairs: PHP define(), setenv(), .set("password", ...), env["NAME"] = "...".
@@ -549,9 +557,9 @@ NETRC = re.compile(r"\blogin\s+\S+\s+password\s+(?P<bv>\S+)")
 # docker login -p X, redis-cli -a X).
 SHORT_FLAG_TOOLS = re.compile(
     r"(?i)\b(?:mysql\w*|mariadb|sshpass|docker|podman|redis-cli|"
-    r"mongo\w*|htpasswd|smbclient|sqlcmd|ftp|lftp|curl|wget)\b"
+    r"mongo\w*|htpasswd|smbclient|sqlcmd|ftp|lftp|curl|wget|ldap\w+)\b"
 )
-SHORT_FLAG = re.compile(r"(?<![\w-])-(?P<flag>[pPa])[ \t]*" + _VALUE)
+SHORT_FLAG = re.compile(r"(?<![\w-])-(?P<flag>[pPaw])[ \t]*" + _VALUE)
 # HTTP auth schemes; Authorization's value is the scheme's credential.
 AUTH_SCHEME = re.compile(
     r"(?i)\b(?P<scheme>Bearer|Token|Basic|Bot|SSWS|Digest|ApiKey|Key)[ \t]+"
@@ -567,6 +575,8 @@ USERINFO = re.compile(
     r"\b[a-z][\w+.-]{1,20}://(?P<u>[^:/?#@\s\"']*):(?P<bv>[^\s/\"']{1,128})@"
     r"(?=[\w\[])"
 )
+# curl -u user:password, curl --user 'user:password'
+CURL_USER = re.compile(r"""(?<![\w-])(?:-u|--user)(?:=|[ \t]+)["']?[^\s:"'$]+:(?P<bv>[^\s"'@]+)""")
 GO_DSN = re.compile(r"(?<![\w/])[\w.-]+:(?P<bv>[^@\s:/\"']{1,128})@(?:tcp|unix)\(")
 IDENTIFIED_BY = re.compile(
     r"(?i)\bidentified\s+(?:with\s+\w+\s+)?by\s+(?:password\s+)?"
@@ -585,7 +595,7 @@ LOGIN_CALL = re.compile(
 _STR = re.compile(r"""\s*(?:[bru]?(["'])((?:(?!\1).){0,256})\1|([^,()"']*))\s*""")
 
 
-_CALL_LIKE = re.compile(r"^[\w.]+\(|^\w+(?:\.\w+)+$")
+_CALL_LIKE = re.compile(r"^[\w.:]+\(|^\w+(?:(?:\.|::)\w+)+$")
 
 
 def _value(m: re.Match[str], query: bool = False) -> tuple[str, int, int, bool] | None:
@@ -596,7 +606,10 @@ def _value(m: re.Match[str], query: bool = False) -> tuple[str, int, int, bool] 
     """
     gd = m.groupdict()
     if gd.get("qv") is not None:
-        return m.group("qv"), m.start("qv"), m.end("qv"), True
+        v, start = m.group("qv"), m.start("qv")
+        if v.endswith("\\") and m.string[m.start("q") - 1 : m.start("q")] == "\\":
+            v = v[:-1]  # \"value\" inside a string literal
+        return v, start, start + len(v), True
     if gd.get("bv") is None:
         return None
     v, start = m.group("bv"), m.start("bv")
@@ -645,10 +658,12 @@ def _line_secrets(text: str, s: int, e: int) -> Iterator[Hit]:
     line = text[s:e]
     low = line.lower()
     yield from _named_secrets(text, s, e, low)
-    if ("-p" in low or "-a" in low) and SHORT_FLAG_TOOLS.search(line):
+    if ("-p" in low or "-a" in low or "-w" in low) and SHORT_FLAG_TOOLS.search(line):
         for m in SHORT_FLAG.finditer(text, s, e):
             if m.group("flag") == "a" and "redis" not in low:
                 continue
+            if m.group("flag") == "w" and "ldap" not in low:
+                continue  # -w is a password for ldapsearch/ldapmodify/... only
             yield from _judge("password", _value(m), "")
     for rx, needle in (
         (USERINFO, "://"),
@@ -657,6 +672,7 @@ def _line_secrets(text: str, s: int, e: int) -> Iterator[Hit]:
         (NETRC, "login"),
         (IDENTIFIED_BY, "identified"),
         (CLI_POSITIONAL, "htpasswd"),
+        (CURL_USER, "curl"),
     ):
         if needle in low:
             for m in rx.finditer(text, s, e):
@@ -723,6 +739,9 @@ def _named_secrets(text: str, s: int, e: int, low: str) -> Iterator[Hit]:
         if name.lower() != "authorization":  # "Scheme credential": AUTH_SCHEME reads it
             in_query = before in ("?", "&")  # ?api_key=x&page=2: the value ends at "&"
             yield from _judge(kind, _value_at(ASSIGN_TAIL, text, b, e, in_query), name)
+            yield from _judge(kind, _value_at(TYPED_TAIL, text, b, e), name)
+        if a - s <= 16 and text[s:a].strip() in ("ENV", "#define"):
+            yield from _judge(kind, _value_at(ENV_SPACE_TAIL, text, b, e), name)
         yield from _judge(kind, _value_at(SETTER_TAIL, text, b, e), name)
         if before in "\"'":
             yield from _judge(kind, _value_at(PAIR_TAIL, text, b, e), name)
@@ -745,7 +764,11 @@ def _value_at(
 
 def _dsl_ok(text: str, line_start: int, start: int) -> bool:
     """DSL form only at the start of a statement: ``storePassword 'x'``, ``PASSWORD 'x'``."""
-    before = text[line_start:start].rstrip()
+    # The last characters only: copying the whole line per name is quadratic on a long line.
+    lo = max(line_start, start - 64)
+    before = text[lo:start].rstrip()
+    if not before and lo > line_start:
+        before = text[line_start:lo].rstrip()[-8:]
     return (
         not before
         or before.endswith(("{", ";", "WITH", "LOGIN", "with", "login"))

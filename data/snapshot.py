@@ -188,10 +188,16 @@ def code_version() -> dict[str, str]:
     return {"package": __version__, "source_sha256": h.hexdigest()}
 
 
-def write_checksums(version_dir: Path, files: Iterable[str]) -> None:
-    """``checksums.sha256`` in ``sha256sum`` format for the given relative paths."""
-    lines = [f"{sha256_file(version_dir / f)}  {f}" for f in sorted(files)]
-    (version_dir / "checksums.sha256").write_text("\n".join(lines) + "\n")
+def write_checksums(version_dir: Path, files: Iterable[str], manifest: Path | None = None) -> None:
+    """``checksums.sha256`` in ``sha256sum`` format for the given relative paths (and for
+    ``manifest.json``, whose bytes are in ``manifest`` until it is moved into place)."""
+    sums = {f: sha256_file(version_dir / f) for f in files}
+    if manifest is not None:
+        sums["manifest.json"] = sha256_file(manifest)
+    lines = [f"{sums[f]}  {f}" for f in sorted(sums)]
+    tmp = version_dir / "checksums.sha256.tmp"
+    tmp.write_text("\n".join(lines) + "\n")
+    os.replace(tmp, version_dir / "checksums.sha256")
 
 
 def verify_checksums(version_dir: str | Path) -> list[str]:
@@ -211,7 +217,13 @@ def load_manifest(version_dir: str | Path) -> dict[str, Any]:
     p = Path(version_dir) / "manifest.json"
     if not p.is_file():
         raise BuildError(f"{version_dir} has no manifest.json: not a finished build")
-    return json.loads(p.read_text())
+    try:
+        return json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise BuildError(
+            f"{p} is damaged ({e}). Fix: rerun the build of this version with its config "
+            "(finished shards are kept), or restore the file from a copy"
+        ) from None
 
 
 def file_index(version_dir: str | Path) -> dict[tuple[str, str], str]:

@@ -158,6 +158,14 @@ class Scheduler:
                 f"prompt token ids must be integers in [0, {vocab}); got {bad[:5]}.",
                 code="invalid_token_id",
             )
+        bad = [t for t in params.stop_token_ids if not 0 <= t < vocab]
+        if bad:  # a NumPy index: 256 failed the prefill, -1 silently stopped on token 255
+            raise RequestError(
+                f"stop_token_ids must be token ids in [0, {vocab}) (this model's vocabulary); "
+                f"got {bad[:5]}. Remove or correct them.",
+                code="invalid_stop_token_id",
+                param="stop_token_ids",
+            )
         if len(prompt) + params.max_tokens > self.max_len:
             raise RequestError(
                 f"this model's context is {self.max_len} tokens, but the prompt has "

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from inference.sampling import MAX_TOP_LOGPROBS
 
@@ -49,6 +49,21 @@ class APIError(Exception):
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _null_means_default(cls, data: Any) -> Any:
+        """An explicit ``null`` for an optional field means its default (OpenAI's API
+        declares them nullable, and its client sends ``null`` for a parameter passed as
+        None); required fields still refuse ``null``."""
+        if not isinstance(data, dict):
+            return data
+        fields = cls.model_fields
+        return {
+            k: v
+            for k, v in data.items()
+            if not (v is None and k in fields and not fields[k].is_required())
+        }
+
 
 # Most completions one request may ask for (n, best_of): each takes a decode slot.
 MAX_CHOICES = 16
@@ -80,6 +95,27 @@ class _Common(_Strict):
         """Raise for implemented-nowhere features requested with non-default values."""
         if self.logit_bias:
             raise APIError(400, "logit_bias is not supported.", param="logit_bias")
+        if self.stream_options is not None:
+            if not self.stream:
+                raise APIError(
+                    400,
+                    "stream_options needs stream=true; set stream or drop stream_options.",
+                    param="stream_options",
+                )
+            for key in self.stream_options:
+                if key != "include_usage":
+                    raise APIError(
+                        400,
+                        f"unknown parameter: 'stream_options.{key}' (only include_usage is "
+                        "supported).",
+                        param=f"stream_options.{key}",
+                    )
+        if self.stream and self.prompt_logprobs is not None:
+            raise APIError(
+                400,
+                "prompt_logprobs is not available when stream=true; send it without streaming.",
+                param="prompt_logprobs",
+            )
 
     def stops(self) -> tuple[str, ...]:
         stops = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
@@ -141,6 +177,12 @@ class ChatRequest(_Common):
 
     def unsupported(self) -> None:
         super().unsupported()
+        if self.top_logprobs is not None and not self.logprobs:
+            raise APIError(
+                400,
+                "top_logprobs needs logprobs=true; set logprobs to true (or drop top_logprobs).",
+                param="top_logprobs",
+            )
         if self.tools:
             raise APIError(400, "tools are not supported.", param="tools")
         if self.response_format and self.response_format.get("type") not in (None, "text"):
@@ -181,17 +223,45 @@ def parse(model: type[BaseModel], body: Any) -> Any:
     try:
         request = model.model_validate(body)
     except ValidationError as e:
-        err = e.errors()[0]
-        loc = ".".join(str(x) for x in err["loc"])
+        errors = e.errors()
+        err = errors[0]
+        loc, tags = _field_path(body, err["loc"], missing=err["type"] == "missing")
+        if tags:  # a union field: the member that got deepest says most (an image part)
+            same = [x for x in errors if _field_path(body, x["loc"])[0][: len(loc)] == loc]
+            err = max(same, key=lambda x: len(_field_path(body, x["loc"])[0]))
+            deeper, _ = _field_path(body, err["loc"], missing=err["type"] == "missing")
+            kinds = [t[-1] for x in same if (t := _field_path(body, x["loc"])[1])]
+            if len(deeper) == len(loc) and kinds:
+                err = {**err, "msg": f"it must be one of: {', '.join(dict.fromkeys(kinds))}"}
+            loc = deeper
+        name = ".".join(str(x) for x in loc)
         if err["type"] == "extra_forbidden":
-            message = f"unknown parameter: '{loc}'."
+            message = f"unknown parameter: '{name}'."
         elif err["type"] == "missing":
-            message = f"missing required parameter: '{loc}'."
+            message = f"missing required parameter: '{name}'."
         else:
-            message = f"invalid value for '{loc}': {err['msg']}."
-        raise APIError(400, message, param=loc or None) from None
+            message = f"invalid value for '{name}': {err['msg']}."
+        raise APIError(400, message, param=name or None) from None
     request.unsupported()
     return request
+
+
+def _field_path(body: Any, loc: tuple, *, missing: bool = False) -> tuple[list, list[str]]:
+    """The parts of a pydantic error location that are keys and indices of ``body``, and
+    the union member tags among the rest (pydantic's ``'str'``, ``'list[int]'``...)."""
+    path: list = []
+    tags: list[str] = []
+    node = body
+    for i, part in enumerate(loc):
+        in_dict = isinstance(node, dict) and part in node
+        in_list = isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node)
+        if in_dict or in_list:
+            node = node[part]
+        elif not (missing and i == len(loc) - 1):  # the missing field itself is kept
+            tags.append(str(part))
+            continue
+        path.append(part)
+    return path, tags
 
 
 # A plain chat template: role tags on their own lines; generation stops at the next tag.

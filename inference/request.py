@@ -22,12 +22,14 @@ log = logging.getLogger(__name__)
 class RequestError(jc.JaxcoreError, ValueError):
     """A request that can never run (too long for the context, empty prompt...).
 
-    ``code`` is the OpenAI error code the server answers with.
+    ``code`` is the OpenAI error code the server answers with, ``param`` the request
+    field at fault.
     """
 
-    def __init__(self, message: str, *, code: str = "invalid_prompt"):
+    def __init__(self, message: str, *, code: str = "invalid_prompt", param: str = "prompt"):
         super().__init__(message)
         self.code = code
+        self.param = param
 
 
 class QueueFullError(jc.JaxcoreError, RuntimeError):
@@ -147,8 +149,9 @@ class Request:
                 if text.endswith(stop[:k]):
                     hold = max(hold, k)
                     break
-        if text.endswith("\ufffd"):  # an incomplete UTF-8 character: wait for the rest
-            hold = max(hold, 1)
+        # An incomplete UTF-8 character: wait for the rest. Hold every trailing U+FFFD:
+        # byte-fallback decoders (SentencePiece) give one per byte until it is complete.
+        hold = max(hold, len(text) - len(text.rstrip("\ufffd")))
         self.text = text
         self.stable_len = max(self.stable_len, len(text) - hold)
 

@@ -179,7 +179,7 @@ class OpenAIServer:
         async def models():
             return {"object": "list", "data": [self._model_card()]}
 
-        @app.get("/v1/models/{name}")
+        @app.get("/v1/models/{name:path}")  # names from paths hold slashes ("org/model")
         async def model(name: str):
             self._check_model(name)
             return self._model_card()
@@ -244,9 +244,10 @@ class OpenAIServer:
             self._check_model(req.model)
             prompt, stops = self._chat_ids(req.messages, req.add_generation_prompt)
             limit = req.max_completion_tokens or req.max_tokens
+            field = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
             if limit is None:
                 limit = max(1, min(self.max_tokens_limit, self.llm.scheduler.max_len - len(prompt)))
-            base = self._sampling(req, limit)
+            base = self._sampling(req, limit, field)
             params = dataclasses.replace(
                 base,
                 stop=(*base.stop, *stops),
@@ -317,12 +318,13 @@ class OpenAIServer:
             400, "prompt must be a non-empty string, list of strings or token ids.", param="prompt"
         )
 
-    def _sampling(self, req: Any, max_tokens: int) -> SamplingParams:
+    def _sampling(self, req: Any, max_tokens: int, field: str = "max_tokens") -> SamplingParams:
         if max_tokens > self.max_tokens_limit:
             raise APIError(
                 400,
-                f"max_tokens={max_tokens} is above this server's limit of {self.max_tokens_limit}.",
-                param="max_tokens",
+                f"{field}={max_tokens} is above this server's limit of {self.max_tokens_limit}; "
+                f"ask for at most {self.max_tokens_limit}.",
+                param=field,
             )
         return SamplingParams(
             max_tokens=max_tokens,
@@ -352,7 +354,7 @@ class OpenAIServer:
         try:
             flat = self.llm.scheduler.submit_many(work, on_update=watcher)
         except RequestError as e:
-            raise APIError(400, str(e), param="prompt", code=e.code) from None
+            raise APIError(400, str(e), param=e.param, code=e.code) from None
         except QueueFullError as e:
             raise APIError(429, str(e), type="server_overloaded", code="queue_full") from None
         nested = [flat[i * samples : (i + 1) * samples] for i in range(len(prompts))]
@@ -502,8 +504,13 @@ class OpenAIServer:
                             yield event([delta(i, r, text, sent_tokens[i], tokens, None)])
                             sent_chars[i], sent_tokens[i] = upto, tokens
                         if done:
-                            if r.error is not None:
-                                raise r.error
+                            if r.error is not None:  # headers are sent: say why in-band
+                                error = APIError(
+                                    500, f"generation failed: {r.error}", type="server_error"
+                                )
+                                yield f"data: {json.dumps(error.body())}\n\n"
+                                yield "data: [DONE]\n\n"
+                                return
                             finished[i] = True
                             end = delta(i, r, None if chat else "", tokens, tokens, None)
                             end["finish_reason"] = fmt.finish_reason(r)
@@ -624,7 +631,7 @@ def _route_label(path: str) -> str:
     """The ``path`` label for /metrics: a known route, else ``other`` (bounded cardinality)."""
     if path in ROUTES:
         return path
-    if path.startswith("/v1/models/") and path.count("/") == 3:
+    if path.startswith("/v1/models/") and len(path) > len("/v1/models/"):
         return "/v1/models/{name}"
     return "other"
 

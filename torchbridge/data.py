@@ -219,7 +219,7 @@ class TorchLoader:
             missing |= {"sampler_rng"} - set(state)
         if missing:
             raise jc.ConfigError(f"TorchLoader.set_state: state lacks {sorted(missing)}.")
-        self._state = {"epoch": int(state["epoch"]), "batch": int(state["batch"]), **state}
+        self._state = {**state, "epoch": int(state["epoch"]), "batch": int(state["batch"])}
 
     def __len__(self) -> int:
         """Steps per epoch."""
@@ -249,8 +249,20 @@ class TorchLoader:
             for k in range(start, len(mine)):
                 batch = next(it)
                 self._state = {**self._state, "batch": k + 1}
-                yield batch if self.engine is None else self.engine.shard_batch(batch)
+                yield batch if self.engine is None else self._shard(batch, len(mine[k]))
             self._state = {"epoch": self._state["epoch"] + 1, "batch": 0, **next_rngs}
+
+    def _shard(self, batch: Any, rows: int) -> Any:
+        try:
+            return self.engine.shard_batch(batch)
+        except jc.BatchError as e:
+            if rows == self.batch_size:
+                raise
+            raise jc.BatchError(
+                f"{e} This is the DataLoader's last, short batch ({rows} of "
+                f"{self.batch_size} rows, drop_last=False): build the DataLoader with "
+                "drop_last=True, or use a dataset whose size is a multiple of batch_size."
+            ) from e
 
 
 def as_numpy_batch(batch: Any) -> Any:

@@ -104,3 +104,24 @@ def test_dataset_source_feeds_grain():
     batches = list(ds)
     assert sorted(np.concatenate([b["y"] for b in batches]).tolist()) == [i * i for i in range(6)]
     assert isinstance(batches[0]["x"], np.ndarray)
+
+
+def test_a_short_last_batch_the_engine_cannot_split_names_drop_last():
+    """12 rows in batches of 8 over 8 devices: the last batch has 4 rows. The engine's
+    error alone said "a multiple of 8"; it now says the cause and drop_last=True."""
+    ds = torch.utils.data.TensorDataset(torch.arange(24, dtype=torch.float32).reshape(12, 2))
+    engine = jc.Engine(parallel=jc.ParallelConfig(fsdp=8))
+    it = iter(torchbridge.TorchLoader(DataLoader(ds, batch_size=8), engine, num_epochs=1))
+    next(it)
+    with pytest.raises(jc.BatchError, match=r"last, short batch \(4 of 8 rows.*drop_last=True"):
+        next(it)
+    loader = torchbridge.TorchLoader(DataLoader(ds, batch_size=8, drop_last=True), engine)
+    assert len(loader) == 1
+
+
+def test_set_state_converts_the_position_to_integers():
+    ds = torch.utils.data.TensorDataset(torch.zeros(4, 1))
+    loader = torchbridge.TorchLoader(DataLoader(ds, batch_size=2))
+    state = loader.get_state()
+    loader.set_state({**state, "epoch": "1", "batch": np.int64(1)})
+    assert loader.get_state()["epoch"] == 1 and type(loader.get_state()["batch"]) is int

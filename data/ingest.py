@@ -135,6 +135,29 @@ MAX_CHAOS = 0.1
 """charset-normalizer "chaos" (mess ratio) above which a detection is not trusted."""
 
 
+# Byte-order marks of the wide Unicode encodings, UTF-32 first (its little-endian BOM
+# starts with UTF-16's).
+WIDE_BOMS = (
+    (b"\xff\xfe\x00\x00", "utf-32-le"),
+    (b"\x00\x00\xfe\xff", "utf-32-be"),
+    (b"\xff\xfe", "utf-16-le"),
+    (b"\xfe\xff", "utf-16-be"),
+)
+
+
+def decode_wide(raw: bytes) -> tuple[str, str] | None:
+    """UTF-16/32 text that starts with its BOM (Windows tools write source this way, a NUL
+    byte in every ASCII character); None when there is no BOM or the rest does not
+    decode."""
+    for bom, encoding in WIDE_BOMS:
+        if raw.startswith(bom):
+            try:
+                return raw[len(bom) :].decode(encoding), encoding
+            except UnicodeDecodeError:
+                return None
+    return None
+
+
 def decode_bytes(raw: bytes) -> tuple[str, str] | None:
     """Decode text: UTF-8 first, then confident charset detection; None otherwise."""
     if raw.startswith(b"\xef\xbb\xbf"):
@@ -222,6 +245,13 @@ class IngestStep(Step):
         return stats
 
     def _decode(self, rec: FileRecord, raw: bytes) -> None:
+        decoded = decode_wide(raw)
+        if decoded is not None:
+            if "\x00" in decoded[0]:  # a BOM-like start on a binary file
+                rec.drop(self.name, "binary")
+            else:
+                rec.content, rec.encoding = decoded
+            return
         if b"\x00" in raw:
             rec.drop(self.name, "binary")
             return

@@ -147,3 +147,25 @@ def test_archive_total_budget(tmp_path: Path) -> None:
     kept = [r for r in recs if not r.drop_stage]
     assert len(kept) == 2
     assert recs[-1].drop_reason == "archive_budget_exceeded"
+
+
+def test_utf16_and_utf32_files_with_a_bom_are_text_not_binary(tmp_path: Path) -> None:
+    """Windows tools (PowerShell, Visual Studio) write source as UTF-16 with a BOM: every
+    ASCII character carries a NUL byte, which alone used to drop the file as binary."""
+    root = tmp_path / "d"
+    root.mkdir()
+    code = 'Write-Host "héllo wörld"\r\n$x = 1 # 日本\r\n'
+    (root / "le.ps1").write_bytes(code.encode("utf-16"))  # BOM + little-endian here
+    (root / "be.cs").write_bytes(b"\xfe\xff" + code.encode("utf-16-be"))
+    (root / "w32.txt").write_bytes(b"\xff\xfe\x00\x00" + code.encode("utf-32-le"))
+    (root / "fake.bin").write_bytes(b"\xff\xfe" + b"\x00\x00" * 8 + bytes(range(1, 40)))
+    (root / "odd.bin").write_bytes(b"\xff\xfe" + b"a\x00b")  # odd length: not UTF-16
+    recs, _ = _ingest([SourceConfig(type="dir", path=str(root))])
+    r = {x.path: x for x in recs}
+    for name in ("le.ps1", "be.cs", "w32.txt"):
+        assert not r[name].drop_stage, (name, r[name].drop_reason)
+        assert r[name].content == code, name
+    assert r["le.ps1"].encoding == "utf-16-le" and r["be.cs"].encoding == "utf-16-be"
+    assert r["w32.txt"].encoding == "utf-32-le"
+    assert r["fake.bin"].drop_reason == "binary"  # decodes, but to NUL characters
+    assert r["odd.bin"].drop_stage

@@ -43,7 +43,8 @@ def notebook_launcher(
 
     Each process calls `jaxcore.initialize` before ``fn``, so inside ``fn``
     ``jax.process_index()``, ``jax.devices()`` and the engine see the whole run. On CPU
-    each process gets ``devices_per_process`` fake devices (default 1). With
+    each process gets ``devices_per_process`` fake devices (default 1). `jax.Array`s in
+    the result come back as NumPy (global ones whole, e.g. a train step's metrics). With
     ``return_all`` the list of every process's result is returned. Raises `LaunchError`
     naming the rank (with its traceback) when a process fails.
     """
@@ -91,13 +92,37 @@ def _child(payload: str, work: str) -> int:
 
     fn, args = pickle.loads(Path(payload).read_bytes())
     try:
-        value = fn(*args)
+        value = _to_host(fn(*args))
     except BaseException:
         traceback.print_exc()
         sys.stdout.flush()
         return 1
     Path(work, f"result{jax.process_index()}.pkl").write_bytes(cloudpickle.dumps(value))
     return 0
+
+
+def _to_host(value: Any) -> Any:
+    """``value`` with its `jax.Array` leaves as NumPy, so the parent can unpickle them.
+
+    A train step's metrics are global arrays that span every process, which cannot be
+    pickled as they are: replicated ones are read from a local copy, sharded ones are
+    gathered (a collective: every process returns the same structure, as `fn` runs the
+    same code everywhere).
+    """
+    import jax
+    import numpy as np
+    from jax.experimental import multihost_utils
+
+    def leaf(x: Any) -> Any:
+        if not isinstance(x, jax.Array):
+            return x
+        if x.is_fully_addressable:
+            return np.asarray(x)
+        if x.is_fully_replicated:
+            return np.asarray(x.addressable_data(0))
+        return np.asarray(multihost_utils.process_allgather(x, tiled=True))
+
+    return jax.tree.map(leaf, value)
 
 
 if __name__ == "__main__":

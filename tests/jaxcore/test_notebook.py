@@ -32,13 +32,25 @@ KERNEL = textwrap.dedent(
             raise ValueError("rank one is broken")
         return 0
 
+    def global_values():
+        import jax, jax.numpy as jnp
+        from jax.sharding import NamedSharding, PartitionSpec as P
+        mesh = jax.make_mesh((jax.device_count(),), ("d",))
+        sharded = jax.device_put(jnp.arange(4.0), NamedSharding(mesh, P("d")))
+        replicated = jax.device_put(jnp.float32(7), NamedSharding(mesh, P()))
+        return {"sharded": sharded, "replicated": replicated, "rank": jax.process_index()}
+
     result = notebook_launcher(fn, (10,), num_processes=2, devices_per_process=2)
+    arrays = notebook_launcher(
+        global_values, num_processes=2, devices_per_process=2, return_all=True
+    )
+    arrays = [{k: v.tolist() if hasattr(v, "tolist") else v for k, v in a.items()} for a in arrays]
     try:
         notebook_launcher(broken, num_processes=2)
         error = None
     except LaunchError as e:
         error = str(e)
-    print("RESULT " + json.dumps({"result": result, "error": error}))
+    print("RESULT " + json.dumps({"result": result, "error": error, "arrays": arrays}))
     """
 )
 
@@ -56,5 +68,9 @@ def test_notebook_launcher_returns_process_zero_result():
     # Each process's output is shown, prefixed by its rank.
     assert "[rank 0] hello from process 0 with 2 devices" in out.stdout
     assert "[rank 1] hello from process 1 with 2 devices" in out.stdout
+    # Global arrays (a train step's metrics are) come back as NumPy: sharded ones whole.
+    assert data["arrays"] == [
+        {"sharded": [0.0, 1.0, 2.0, 3.0], "replicated": 7.0, "rank": r} for r in range(2)
+    ]
     assert "rank 1 exited with code 1" in data["error"]
     assert "ValueError: rank one is broken" in data["error"]

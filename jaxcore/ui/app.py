@@ -13,15 +13,19 @@ from __future__ import annotations
 import contextlib
 import pathlib
 from collections.abc import AsyncIterator, Iterable
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import FastAPI, HTTPException
+from fastapi import FastAPI, HTTPException, Path
 from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
 from jaxcore.errors import ConfigError
 from jaxcore.ui import queries, snapshots
 from jaxcore.ui.auth import TokenMiddleware
+
+# A row id: what the store's integer keys can hold (a bigger one is a 422, not a 500 from
+# the database driver).
+RowId = Annotated[int, Path(ge=0, le=2**63 - 1)]
 
 STATIC = pathlib.Path(__file__).with_name("static")
 PAGES = {"experiments", "experiment", "trial", "models", "datasets"}
@@ -107,13 +111,13 @@ def create_app(
         }
 
     @app.get("/api/experiments/{exp_id}")
-    def api_experiment(exp_id: int, since: str | None = None) -> dict[str, Any]:
+    def api_experiment(exp_id: RowId, since: str | None = None) -> dict[str, Any]:
         if since is not None and since == queries.revision(reader, exp_id=exp_id):
             return {"revision": since, "unchanged": True}
         return found(queries.experiment_detail(reader, exp_id), f"experiment {exp_id}")
 
     @app.get("/api/trials/{trial_id}")
-    def api_trial(trial_id: int, since: str | None = None) -> dict[str, Any]:
+    def api_trial(trial_id: RowId, since: str | None = None) -> dict[str, Any]:
         if since is not None and since == queries.trial_revision(reader, trial_id):
             return {"revision": since, "unchanged": True}
         return found(queries.trial_detail(reader, trial_id), f"trial {trial_id}")

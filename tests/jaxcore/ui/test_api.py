@@ -223,3 +223,12 @@ def test_trial_dir_layouts():
 
     assert str(trial_dir({"id": 3, "workdir": "/w"}, 7)) == "/w/exp-3/trial-7"
     assert str(trial_dir({"id": 3, "uuid": "ab-12", "workdir": "/w"}, 7)) == "/w/ab-12/trial-7"
+
+
+def test_ids_out_of_the_stores_range_are_a_422_not_a_500(client):
+    """SQLite's integer keys stop at 2**63 - 1; a bigger id in the URL used to reach the
+    driver and come back as a 500."""
+    for route in ("/api/trials/", "/api/experiments/"):
+        assert client.get(f"{route}99999999999999999999").status_code == 422
+        assert client.get(f"{route}-1").status_code == 422
+        assert client.get(f"{route}{2**63 - 1}").status_code == 404

@@ -277,8 +277,14 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
             raise ConfigError(f"--set {item!r}: write SECTION.KEY=VALUE, e.g. train.steps=4")
         parts = key.split(".")
         node = out
-        for p in parts[:-1]:
-            node[p] = dict(node.get(p) or {})
+        for i, p in enumerate(parts[:-1]):
+            inner = node.get(p) or {}
+            if not isinstance(inner, dict):
+                raise ConfigError(
+                    f"--set {item!r}: {'.'.join(parts[: i + 1])} is {inner!r}, not a section; "
+                    "set it directly (e.g. --set train.steps=4)"
+                )
+            node[p] = dict(inner)
             node = node[p]
         node[parts[-1]] = yaml.safe_load(text)
     return out
@@ -289,6 +295,11 @@ def parse_run_config(
 ) -> RunConfig:
     """Validate a mapping; paths (``run_dir``, ``data.output_dir``) become absolute from
     ``base_dir`` (the working directory by default, where ``make demo`` runs)."""
+    if not isinstance(raw, dict):
+        raise ConfigError(
+            f"run config: the top level must be a mapping (name:, run_dir:, data:, ...), "
+            f"got a {type(raw).__name__}; see configs/demo.yaml"
+        )
     raw = apply_overrides(raw, list(overrides))
     cfg = _build(RunConfig, raw, "")
     base = pathlib.Path(base_dir).absolute()

@@ -209,6 +209,11 @@ def test_config_errors_name_the_key(tmp_path, capsys):
         package_sources(("no_such_pkg",))
     assert main([str(DEMO), "--set", "search.lr_min=1.0"]) == 2
     assert "search.lr_min: need 0 < lr_min < lr_max" in capsys.readouterr().err
+    # Shapes that used to escape as TypeError / ValueError tracebacks.
+    with pytest.raises(ConfigError, match="the top level must be a mapping"):
+        parse_run_config(["name", "run_dir"], tmp_path)
+    with pytest.raises(ConfigError, match=r"train\.steps is \d+, not a section"):
+        parse_run_config(raw, tmp_path, ["train.steps.x=3"])
 
 
 # The machine the suite runs on is shared: generation may be slow, never the property.

@@ -367,6 +367,16 @@ def _coerce(tp: Any, value: Any, where: str) -> Any:
 
 def config_from_dict(raw: dict[str, Any], base_dir: str | Path | None = None) -> BuildConfig:
     """Build a :class:`BuildConfig` from a plain dict; relative paths resolve against base_dir."""
+    if not isinstance(raw, dict):
+        raise DataConfigError(
+            "CONFIG",
+            f"the top level is a {type(raw).__name__}, not a mapping",
+            "write keys such as output_dir: and sources: (see data/README.md)",
+        )
+    if not isinstance(raw.get("sources", []), list | tuple):
+        raise DataConfigError(
+            "sources", f"expected a list, got {raw['sources']!r}", "write one entry per source"
+        )
     raw = dict(raw)
     if base_dir is not None:
         base = Path(base_dir)

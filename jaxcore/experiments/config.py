@@ -516,6 +516,12 @@ def load_config(path: str | os.PathLike, overrides: dict | None = None) -> Exper
         raise ConfigError(f"experiment config {path}: no such file.") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"experiment config {path}: not valid YAML ({e}).") from None
+    if raw is not None and not isinstance(raw, dict):
+        raise ConfigError(
+            f"experiment config {path}: the top level is a {type(raw).__name__}, not a "
+            "mapping; write name:, entrypoint:, hyperparameters:, searcher: (see "
+            "configs/experiments/)."
+        )
     raw = dict(raw or {})
     raw.update(overrides or {})
     return parse_config(raw)

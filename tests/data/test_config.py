@@ -35,3 +35,14 @@ def test_yaml_roundtrip(tmp_path) -> None:
     assert cfg.dedup.threshold == 0.8 and cfg.dedup.priority == ("recency",)
     assert cfg.dedup.bands == 25 and cfg.dedup.rows == 10 and cfg.dedup.num_perm == 256
     assert config_from_dict(cfg.to_dict()) == cfg
+
+
+def test_config_shapes_that_are_not_mappings_name_the_fix(tmp_path) -> None:
+    """A YAML list at the top level, or a scalar for `sources`, used to escape as
+    ValueError / TypeError tracebacks from the dict handling."""
+    top = tmp_path / "list.yaml"
+    top.write_text("- a\n- b\n")
+    with pytest.raises(DataConfigError, match=r"top level is a list, not a mapping\. Fix:"):
+        load_config(top)
+    with pytest.raises(DataConfigError, match=r"sources: expected a list, got 3\. Fix:"):
+        config_from_dict({"output_dir": "out", "sources": 3}, base_dir=tmp_path)

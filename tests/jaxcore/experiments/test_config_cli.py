@@ -346,3 +346,10 @@ def test_resume_after_the_loop_died(raw_config, monkeypatch):
     assert len(trials) == 12  # the snapshot knew how many it had created
     assert all(t["state"] in ("COMPLETED", "STOPPED") for t in trials)
     assert store.experiment(loop.exp_id)["state"] == "COMPLETED"
+
+
+def test_a_config_that_is_not_a_mapping_is_a_config_error(tmp_path, capsys):
+    path = tmp_path / "list.yaml"
+    path.write_text("- name\n- searcher\n")
+    assert main(["experiment", "preview", str(path)]) == 2
+    assert "the top level is a list, not a mapping" in capsys.readouterr().err

@@ -101,6 +101,7 @@ class Scheduler:
             "requests_finished": 0,
             "requests_rejected": 0,
             "requests_cancelled": 0,
+            "requests_failed": 0,
             "prompt_tokens_total": 0,
             "prefill_tokens_computed_total": 0,
             "prefix_cache_hit_tokens_total": 0,
@@ -375,11 +376,13 @@ class Scheduler:
             log.exception("request %d failed while adding a token", r.id)
             r.error = e
             r._finish("error")
+            self.stats["requests_failed"] += 1
 
     def _fail(self, slot: int, r: Request, error: BaseException) -> None:
         log.error("request %d failed: %s", r.id, error)
         r.error = error
         r._finish("error")
+        self.stats["requests_failed"] += 1
         if self.slots[slot] is r:
             self._release(slot)
         else:
@@ -432,9 +435,11 @@ class Scheduler:
                 slot, r.prompt, settings, start=start, pages=table, copy=copy
             )
         except Exception as e:
+            log.error("request %d failed in its prefill: %s", r.id, e)
             self._unreserve(slot)
             r.error = e
             r._finish("error")
+            self.stats["requests_failed"] += 1
             r._notify()
             return True
         self.stats["prompt_tokens_total"] += len(r.prompt)
@@ -480,6 +485,8 @@ class Scheduler:
         for r in pending:
             r.error = error
             r._finish("cancelled" if error is None else "error")
+            if error is not None:
+                self.stats["requests_failed"] += 1
             r._notify()
 
 

@@ -7,9 +7,19 @@ default values, so a client never silently gets behaviour it did not ask for.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import json
+import re
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from inference.sampling import MAX_TOP_LOGPROBS
 
@@ -46,8 +56,34 @@ class APIError(Exception):
         }
 
 
+def _number(kind: str) -> Any:
+    """A before-validator refusing what pydantic's lax mode would convert to a number:
+    ``true`` is not 1 and ``"7"`` is not 7 (OpenAI refuses both). Integral floats such as
+    ``1e3`` (a JSON number Python parses as a float) stay accepted for integer fields;
+    fractional ones are refused by pydantic itself."""
+    article = "an" if kind == "integer" else "a"
+
+    def check(value: Any) -> Any:
+        if isinstance(value, bool | str):
+            raise PydanticCustomError(
+                f"{kind}_type",
+                "it must be {article} {kind}, not {got}; send a JSON number",
+                {"article": article, "kind": kind, "got": json.dumps(value)},
+            )
+        return value
+
+    return BeforeValidator(check)
+
+
+# Integer and float fields that refuse booleans and strings.
+Int = Annotated[int, _number("integer")]
+Float = Annotated[float, _number("number")]
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    # allow_inf_nan=False: Python's JSON parser takes NaN and Infinity, which are no
+    # sampling parameter's valid value (NaN slipped past every range check).
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
     @model_validator(mode="before")
     @classmethod
@@ -71,25 +107,25 @@ MAX_CHOICES = 16
 
 class _Common(_Strict):
     model: str
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    top_k: int = Field(0, ge=-1)  # vLLM's extension; 0 or -1 = off
-    n: int = Field(1, ge=1, le=MAX_CHOICES)
+    temperature: Float = Field(1.0, ge=0.0, le=2.0)
+    top_p: Float = Field(1.0, gt=0.0, le=1.0)
+    top_k: Int = Field(0, ge=-1)  # vLLM's extension; 0 or -1 = off
+    n: Int = Field(1, ge=1, le=MAX_CHOICES)
     stream: bool = False
     stream_options: dict[str, Any] | None = None
     stop: str | list[str] | None = None
-    seed: int | None = None
-    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
-    logit_bias: dict[str, float] | None = None
+    seed: Int | None = None
+    presence_penalty: Float = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: Float = Field(0.0, ge=-2.0, le=2.0)
+    logit_bias: dict[str, Float] | None = None
     user: str | None = None
     # vLLM's sampling extensions.
     ignore_eos: bool = False
-    min_tokens: int = Field(0, ge=0)
-    stop_token_ids: list[int] | None = None
+    min_tokens: Int = Field(0, ge=0)
+    stop_token_ids: list[Int] | None = None
     include_stop_str_in_output: bool = False
-    repetition_penalty: float = Field(1.0, gt=0.0)
-    prompt_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    repetition_penalty: Float = Field(1.0, gt=0.0)
+    prompt_logprobs: Int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
 
     def unsupported(self) -> None:
         """Raise for implemented-nowhere features requested with non-default values."""
@@ -128,11 +164,11 @@ class _Common(_Strict):
 
 
 class CompletionRequest(_Common):
-    prompt: str | list[str] | list[int] | list[list[int]]
-    max_tokens: int | None = Field(16, ge=0)
-    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    prompt: str | list[str] | list[Int] | list[list[Int]]
+    max_tokens: Int | None = Field(16, ge=0)
+    logprobs: Int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     echo: bool = False
-    best_of: int | None = Field(None, ge=1, le=MAX_CHOICES)
+    best_of: Int | None = Field(None, ge=1, le=MAX_CHOICES)
     suffix: str | None = None
 
     def unsupported(self) -> None:
@@ -165,10 +201,10 @@ class ChatMessage(_Strict):
 
 class ChatRequest(_Common):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_tokens: Int | None = Field(None, ge=1)
+    max_completion_tokens: Int | None = Field(None, ge=1)
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    top_logprobs: Int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
     response_format: dict[str, Any] | None = None
     tools: list[Any] | None = None
     tool_choice: Any = None
@@ -210,7 +246,7 @@ class DetokenizeRequest(_Strict):
     """vLLM's ``/detokenize``: token ids to text."""
 
     model: str | None = None
-    tokens: list[int]
+    tokens: list[Int]
 
     def unsupported(self) -> None:
         pass
@@ -239,11 +275,20 @@ def parse(model: type[BaseModel], body: Any) -> Any:
             message = f"unknown parameter: '{name}'."
         elif err["type"] == "missing":
             message = f"missing required parameter: '{name}'."
+        elif err["type"] == "finite_number":
+            message = (
+                f"invalid value for '{name}': it must be a finite number, not "
+                f"{json.dumps(err['input'])}."
+            )
         else:
             message = f"invalid value for '{name}': {err['msg']}."
         raise APIError(400, message, param=name or None) from None
     request.unsupported()
     return request
+
+
+# How pydantic names an annotated member of a union: "function-before[check(), int]".
+_VALIDATOR = re.compile(r"function-before\[\w+\(\), (\w+)\]")
 
 
 def _field_path(body: Any, loc: tuple, *, missing: bool = False) -> tuple[list, list[str]]:
@@ -258,7 +303,7 @@ def _field_path(body: Any, loc: tuple, *, missing: bool = False) -> tuple[list, 
         if in_dict or in_list:
             node = node[part]
         elif not (missing and i == len(loc) - 1):  # the missing field itself is kept
-            tags.append(str(part))
+            tags.append(_VALIDATOR.sub(r"\1", str(part)))  # "list[Int]" reads "list[int]"
             continue
         path.append(part)
     return path, tags

@@ -9,6 +9,7 @@ gives the same text whether it runs alone or batched with others.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -18,6 +19,13 @@ import jaxcore as jc
 # Alternatives per position the engine computes for ``logprobs`` / ``top_logprobs``
 # (OpenAI's chat API and vLLM allow up to 20).
 MAX_TOP_LOGPROBS = 20
+_FLOATS = (
+    "temperature",
+    "top_p",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -65,6 +73,11 @@ class SamplingParams:
     prompt_logprobs: int | None = None
 
     def __post_init__(self) -> None:
+        for name in _FLOATS:  # inf passed the range checks and gave degenerate output
+            if not math.isfinite(getattr(self, name)):
+                raise jc.ConfigError(
+                    f"SamplingParams.{name}={getattr(self, name)!r}: must be a finite number."
+                )
         if not isinstance(self.max_tokens, int) or self.max_tokens < 0:
             raise jc.ConfigError(f"SamplingParams.max_tokens={self.max_tokens!r}: must be >= 0.")
         if not self.temperature >= 0:

@@ -52,6 +52,9 @@ log = logging.getLogger(__name__)
 
 # Request bodies above this many bytes get a 413 before they are read.
 DEFAULT_MAX_REQUEST_BYTES = 4 * 1024 * 1024
+# Prompts x samples (n or best_of) one request may queue; independent of the queue's size,
+# since a group bigger than the queue still runs on an idle server.
+DEFAULT_MAX_SEQUENCES_PER_REQUEST = 256
 # How often a waiting non-streaming handler checks whether its client is still there.
 DISCONNECT_POLL_S = 0.2
 # The /metrics path label takes only these values (any other URL counts as "other").
@@ -124,6 +127,7 @@ class OpenAIServer:
         model_name: str = "jaxcore",
         max_tokens_limit: int | None = None,
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+        max_sequences_per_request: int = DEFAULT_MAX_SEQUENCES_PER_REQUEST,
         lineage: dict[str, Any] | None = None,
     ):
         self.llm = llm
@@ -132,6 +136,12 @@ class OpenAIServer:
         self.model_name = model_name
         self.max_tokens_limit = max_tokens_limit or llm.scheduler.max_len
         self.max_request_bytes = max_request_bytes
+        if not isinstance(max_sequences_per_request, int) or max_sequences_per_request < 1:
+            raise ValueError(
+                f"max_sequences_per_request={max_sequences_per_request!r}: must be an integer "
+                ">= 1 (--max-sequences-per-request)."
+            )
+        self.max_sequences = max_sequences_per_request
         self.created = int(time.time())
         self.http_counts: dict[tuple[str, int], int] = {}
         self.app = self._build()
@@ -246,7 +256,17 @@ class OpenAIServer:
             limit = req.max_completion_tokens or req.max_tokens
             field = "max_completion_tokens" if req.max_completion_tokens else "max_tokens"
             if limit is None:
-                limit = max(1, min(self.max_tokens_limit, self.llm.scheduler.max_len - len(prompt)))
+                room = self.llm.scheduler.max_len - len(prompt)
+                if room < 1:  # say so, not "max_tokens is 1", which the client never sent
+                    raise APIError(
+                        400,
+                        f"this model's context is {self.llm.scheduler.max_len} tokens, but the "
+                        f"prompt has {len(prompt)} tokens, which leaves no room for a reply. "
+                        "Shorten the messages.",
+                        param="messages",
+                        code="context_length_exceeded",
+                    )
+                limit = min(self.max_tokens_limit, room)
             base = self._sampling(req, limit, field)
             params = dataclasses.replace(
                 base,
@@ -346,6 +366,15 @@ class OpenAIServer:
         self, prompts: list[list[int]], params: SamplingParams, samples: int, watcher: _Watcher
     ) -> _Group:
         """Queue ``samples`` requests per prompt, all or none (seeded ones get seed + i)."""
+        if len(prompts) * samples > self.max_sequences:
+            raise APIError(
+                400,
+                f"this request asks for {len(prompts) * samples} sequences ({len(prompts)} "
+                f"prompts x {samples} samples each, from n or best_of) but this server's "
+                f"limit is {self.max_sequences} per request; send fewer prompts or a smaller "
+                "n/best_of, or raise the limit with --max-sequences-per-request.",
+                code="too_many_sequences",
+            )
         work = []
         for prompt in prompts:
             for i in range(samples):
@@ -560,6 +589,7 @@ class OpenAIServer:
             "requests_finished": "requests that left their slot",
             "requests_rejected": "requests refused because the queue was full",
             "requests_cancelled": "requests cancelled by their client",
+            "requests_failed": "requests that ended with an error",
             "prompt_tokens_total": "prompt tokens prefilled",
             "generation_tokens_total": "tokens generated",
             "decode_steps_total": "batched decode steps run",
@@ -571,6 +601,10 @@ class OpenAIServer:
         metric("active_slots", "gauge", "slots generating now", s.active_slots())
         metric("slots", "gauge", "decode slots", len(s.slots))
         metric("weight_bytes", "gauge", "bytes of served weights", s.engine.weight_bytes)
+        if s.pool is not None:  # paged cache: free pages return to the total when idle
+            free = s.pool.free_pages()
+            metric("kv_pages_free", "gauge", "KV-cache pages a new request can take", free)
+            metric("kv_pages_total", "gauge", "KV-cache pages in the pool", s.pool.total)
         for name, hist in s.histograms.items():
             full = f"jaxcore_inference_{name}"
             header(full, "histogram", name.replace("_", " "))
@@ -642,6 +676,7 @@ def create_app(
     model_name: str = "jaxcore",
     max_tokens_limit: int | None = None,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    max_sequences_per_request: int = DEFAULT_MAX_SEQUENCES_PER_REQUEST,
     lineage: dict[str, Any] | None = None,
 ) -> Any:
     """The FastAPI app serving ``llm`` (starts its scheduler thread); ``lineage`` (a
@@ -652,6 +687,7 @@ def create_app(
         model_name=model_name,
         max_tokens_limit=max_tokens_limit,
         max_request_bytes=max_request_bytes,
+        max_sequences_per_request=max_sequences_per_request,
         lineage=lineage,
     ).app
 
@@ -714,6 +750,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens-limit", type=int, default=None)
     p.add_argument("--max-request-bytes", type=int, default=DEFAULT_MAX_REQUEST_BYTES)
     p.add_argument("--queue-size", type=int, default=256)
+    p.add_argument(
+        "--max-sequences-per-request",
+        type=int,
+        default=DEFAULT_MAX_SEQUENCES_PER_REQUEST,
+        help="prompts x n (or best_of) one request may ask for; more get a 400",
+    )
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--quantize", default=None, choices=["int8"])
     p.add_argument("--tensor", type=int, default=1, help="tensor-parallel ways")
@@ -768,6 +810,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         model_name=name,
         max_tokens_limit=args.max_tokens_limit,
         max_request_bytes=args.max_request_bytes,
+        max_sequences_per_request=args.max_sequences_per_request,
         lineage=lineage,
     )
     log.info("serving %s on http://%s:%d/v1", name, args.host, args.port)

@@ -68,31 +68,49 @@ def _rope(hf: dict[str, Any], model_type: str) -> tuple[float, RopeScaling | Non
             kind,
             "is not supported; the native model has default, linear and llama3 RoPE.",
         )
-    fields = {"kind": kind, "factor": float(params["factor"])}
+    names = ["factor"]
     if kind == "llama3":
-        fields |= {
-            "low_freq_factor": float(params["low_freq_factor"]),
-            "high_freq_factor": float(params["high_freq_factor"]),
-            "original_max_position_embeddings": int(params["original_max_position_embeddings"]),
-        }
-    return theta, RopeScaling(**fields)
+        names += ["low_freq_factor", "high_freq_factor", "original_max_position_embeddings"]
+    missing = [n for n in names if params.get(n) is None]
+    if missing:
+        raise _refuse(
+            model_type,
+            "rope_type",
+            kind,
+            f"needs {names} in rope_parameters (or rope_scaling); missing {missing}. "
+            "Add them from the model's original config.json.",
+        )
+    fields = {n: float(params[n]) for n in names}
+    if kind == "llama3":
+        fields["original_max_position_embeddings"] = int(params["original_max_position_embeddings"])
+    return theta, RopeScaling(kind=kind, **fields)
 
 
 def _sliding_window(hf: dict[str, Any], model_type: str) -> int | None:
     if model_type == "mistral":
         return hf.get("sliding_window")
     if model_type == "qwen2" and hf.get("use_sliding_window"):
+        # transformers follows layer_types when the config has them, else max_window_layers
+        # (layers from max_window_layers on slide); refused when either mixes the two kinds.
         layers = int(hf["num_hidden_layers"])
         first = int(hf.get("max_window_layers", layers))
-        if first < layers:
-            raise _refuse(
-                model_type,
-                "use_sliding_window",
-                True,
-                f"with max_window_layers={first} < {layers} layers gives some layers a "
-                "sliding window and others none; the native model has one window for "
-                "all layers. Set use_sliding_window=false (full attention).",
-            )
+        derived = ["sliding_attention" if i >= first else "full_attention" for i in range(layers)]
+        for field, value, types in [
+            ("max_window_layers", first, derived),
+            ("layer_types", hf.get("layer_types"), hf.get("layer_types") or derived),
+        ]:
+            if len(set(types)) > 1:
+                raise _refuse(
+                    model_type,
+                    field,
+                    value,
+                    f"with use_sliding_window=True and {layers} layers gives some layers a "
+                    "sliding window and others none; the native model has one window for "
+                    "all layers. Set use_sliding_window=false (full attention), or make "
+                    "every layer 'sliding_attention'.",
+                )
+        if hf.get("sliding_window") and types == ["sliding_attention"] * layers:
+            return int(hf["sliding_window"])
     return None
 
 
@@ -105,6 +123,16 @@ def config_from_hf(hf: dict[str, Any] | str | os.PathLike) -> TransformerConfig:
         raise ConfigError(
             f"Hugging Face config: model_type={model_type!r} is not supported; the native "
             f"engine loads {sorted(ARCHITECTURES)} (for other models use torchbridge)."
+        )
+    heads = [a for a in hf.get("architectures") or [] if not a.endswith("ForCausalLM")]
+    if heads:
+        raise _refuse(
+            model_type,
+            "architectures",
+            hf["architectures"],
+            "is not a causal language model; jaxcore.hf loads *ForCausalLM checkpoints "
+            f"(e.g. {ARCHITECTURES[model_type]}: model.* + lm_head). For other heads use "
+            "torchbridge.",
         )
     act = hf.get("hidden_act", "silu")
     if act != "silu":
@@ -141,12 +169,7 @@ def config_from_hf(hf: dict[str, Any] | str | os.PathLike) -> TransformerConfig:
 
 def model_type_of(cfg: TransformerConfig) -> str:
     """The Hugging Face family that computes what ``cfg`` computes."""
-    if cfg.qkv_bias:
-        if cfg.sliding_window is not None:
-            raise ConfigError(
-                "config_to_hf: qkv_bias and sliding_window together have no Hugging Face "
-                "equivalent in the Llama family (Qwen2 has the biases, Mistral the window)."
-            )
+    if cfg.qkv_bias:  # Qwen2; with a window on every layer (max_window_layers=0)
         return "qwen2"
     return "mistral" if cfg.sliding_window is not None else "llama"
 
@@ -187,5 +210,8 @@ def config_to_hf(cfg: TransformerConfig, *, dtype: str = "float32") -> dict[str,
     if model_type == "mistral":
         out["sliding_window"] = cfg.sliding_window
     if model_type == "qwen2":
-        out |= {"use_sliding_window": False, "sliding_window": None}
+        window = cfg.sliding_window
+        out |= {"use_sliding_window": window is not None, "sliding_window": window}
+        if window is not None:
+            out |= {"max_window_layers": 0, "layer_types": ["sliding_attention"] * cfg.n_layers}
     return out

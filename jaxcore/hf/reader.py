@@ -21,7 +21,7 @@ from typing import Any
 import jax
 import numpy as np
 from jax.sharding import Mesh
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from jaxcore import sharding as shd
 from jaxcore.adapters import from_nnx_factory
@@ -61,10 +61,11 @@ class CheckpointFiles:
     def __init__(self, directory: str | os.PathLike):
         self.directory = pathlib.Path(directory)
         index = self.directory / INDEX_FILE
-        if index.is_file():
-            weight_map = json.loads(index.read_text())["weight_map"]
-        elif (self.directory / SINGLE_FILE).is_file():
+        # transformers' order: model.safetensors wins over an index next to it.
+        if (self.directory / SINGLE_FILE).is_file():
             weight_map = None
+        elif index.is_file():
+            weight_map = json.loads(index.read_text())["weight_map"]
         else:
             raise ConfigError(
                 f"{self.directory}: neither {SINGLE_FILE} nor {INDEX_FILE}. jaxcore.hf reads "
@@ -74,18 +75,33 @@ class CheckpointFiles:
         self._framework = _framework()
         self._open: dict[str, Any] = {}
         if weight_map is None:
-            with safe_open(str(self.directory / SINGLE_FILE), framework=self._framework) as f:
+            with self._safe_open(SINGLE_FILE) as f:
                 weight_map = dict.fromkeys(f.keys(), SINGLE_FILE)
+        missing = sorted({f for f in weight_map.values() if not (self.directory / f).is_file()})
+        if missing:
+            raise ConfigError(
+                f"{self.directory}: {INDEX_FILE} lists files that are missing: {missing}. "
+                "The download or copy is incomplete: download the checkpoint again (or copy "
+                "the missing shards into the directory)."
+            )
         self.weight_map: dict[str, str] = weight_map
+
+    def _safe_open(self, file: str, **kwargs: Any) -> Any:
+        try:
+            return safe_open(str(self.directory / file), framework=self._framework, **kwargs)
+        except (SafetensorError, OSError) as e:  # truncated, or not safetensors at all
+            raise ConfigError(
+                f"{self.directory / file}: not a readable safetensors file ({e}). It is "
+                "probably truncated (an interrupted download or copy): download the "
+                "checkpoint again."
+            ) from e
 
     def _file(self, name: str) -> Any:
         file = self.weight_map[name]
         if file not in self._open:
             # pread, not mmap: a strided slice (columns of a row-major tensor) would touch
             # every page of the tensor and keep it resident until the file is closed.
-            handle = safe_open(
-                str(self.directory / file), framework=self._framework, backend="pread"
-            )
+            handle = self._safe_open(file, backend="pread")
             self._open[file] = handle.__enter__()
         return self._open[file]
 

@@ -32,6 +32,7 @@ from jaxcore.models.transformer import TransformerConfig
 # safetensors' dtype codes for what native parameters hold.
 _CODES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16", "float64": "F64"}
 DEFAULT_SHARD_BYTES = 5 * 2**30  # save_pretrained's default max_shard_size ("5GB")
+_SHARD_GLOB = "model-[0-9][0-9][0-9][0-9][0-9]-of-[0-9][0-9][0-9][0-9][0-9].safetensors"
 
 
 def _host(x: Any) -> np.ndarray:
@@ -77,6 +78,8 @@ def save(
 
     ``dtype`` converts every tensor (e.g. ``"bfloat16"``); by default each keeps its own.
     Returns the directory. Every process must call it (sharded arrays are gathered).
+    Weight files of an earlier save into ``directory`` (``model.safetensors``, the index,
+    ``model-*-of-*.safetensors``) are removed, so that no stale weights shadow these.
     """
     directory = pathlib.Path(directory)
     size = layout.sizes(config)
@@ -137,6 +140,11 @@ def save(
             if handle:
                 handle.close()
     if writer:
+        # Weights of an earlier save in another file layout would shadow these: transformers
+        # reads a model.safetensors before an index, and an index names its own shards.
+        stale = [SINGLE_FILE, INDEX_FILE, *(p.name for p in directory.glob(_SHARD_GLOB))]
+        for name in sorted(set(stale) - set(file_names)):
+            (directory / name).unlink(missing_ok=True)
         if len(file_names) > 1:
             total = sum(math.prod(shapes[n]) * dtypes[n].itemsize for n in shapes)
             index = {"metadata": {"total_size": total}, "weight_map": where}

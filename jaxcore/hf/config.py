@@ -134,6 +134,14 @@ def config_from_hf(hf: dict[str, Any] | str | os.PathLike) -> TransformerConfig:
             f"(e.g. {ARCHITECTURES[model_type]}: model.* + lm_head). For other heads use "
             "torchbridge.",
         )
+    required = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")
+    missing = [k for k in (*required, "intermediate_size") if k not in hf]
+    if missing:
+        raise ConfigError(
+            f"Hugging Face config ({model_type}): missing {missing}; a complete config.json "
+            "has them. Download the checkpoint's config.json again, or build it with "
+            "transformers' config class."
+        )
     act = hf.get("hidden_act", "silu")
     if act != "silu":
         raise _refuse(model_type, "hidden_act", act, "is not supported; the MLP is SwiGLU.")

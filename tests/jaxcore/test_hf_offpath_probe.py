@@ -134,3 +134,10 @@ def test_a_checkpoint_that_is_not_a_causal_lm_is_refused_naming_architectures(tm
     getattr(transformers, head)(config).save_pretrained(tmp_path / "m")
     with pytest.raises(jc.ConfigError, match=rf"architectures=\['{head}'\].*ForCausalLM"):
         hf.load(tmp_path / "m")
+
+
+def test_a_config_missing_a_size_field_names_it():
+    config = H.CONFIGS["llama"]().to_dict()
+    del config["num_hidden_layers"]
+    with pytest.raises(jc.ConfigError, match=r"missing \['num_hidden_layers'\]"):
+        hf.config_from_hf(config)

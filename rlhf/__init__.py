@@ -30,7 +30,7 @@ from rlhf.models import (
 )
 from rlhf.ppo import PPOConfig, PPOTrainer
 from rlhf.reward import pair_scores, reward_loss
-from rlhf.rewards import ModelReward, load_reward_model, score_rollout
+from rlhf.rewards import ModelReward, RewardError, load_reward_model, score_rollout
 from rlhf.rollout import IdTokenizer, Rollout, Sampler
 from rlhf.scoring import logprob_scorer, parity, truncated_is_weights, value_scorer
 from rlhf.sft import chat_example, pack, sft_loss
@@ -47,6 +47,7 @@ __all__ = [
     "ModelReward",
     "PPOConfig",
     "PPOTrainer",
+    "RewardError",
     "Roles",
     "Rollout",
     "RunConfig",

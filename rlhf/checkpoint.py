@@ -15,6 +15,7 @@ repeats the uninterrupted one.
 from __future__ import annotations
 
 import json
+import os
 import pathlib
 from collections.abc import Iterable
 from typing import Any, Protocol
@@ -53,7 +54,15 @@ def save_trainer(
         "kl_coef": getattr(getattr(trainer, "kl_ctl", None), "value", None),
         "parity_in_tolerance": trainer.parity.in_tolerance,
     }
-    _host_file(directory, step).write_text(json.dumps(host))
+    # Written aside and renamed: the host file marks the step complete, so a kill while
+    # writing must leave no (empty) trainer-<step>.json behind.
+    final = _host_file(directory, step)
+    tmp = final.with_name(final.name + ".tmp")
+    with open(tmp, "w") as f:
+        f.write(json.dumps(host))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, final)
     return step
 
 

@@ -106,7 +106,15 @@ def run_rl(
     from rlhf.tasks import random_prompts, read_jsonl
 
     t, p = cfg.train, cfg.prompts
-    # First, so a wrong reward.model path fails before anything compiles.
+    # First, so a bad prompts file or reward.model path fails before anything compiles.
+    fixed = None
+    if p.path:
+        fixed = [r["prompt"] for r in read_jsonl(p.path, ("prompt",), where="prompts.path")]
+        if not fixed:
+            raise ConfigError(
+                f'prompts.path {p.path} holds no prompts; write one {{"prompt": [ids]}} '
+                "a line, or drop path to sample random prompts."
+            )
     reward_model = None
     if cfg.reward is not None:
         reward_model = load_reward_model(cfg.reward.model, _engine(cfg), cfg.model)
@@ -121,7 +129,6 @@ def run_rl(
         )
     else:
         trainer = GRPOTrainer(*roles.actor, sampler, rewards, cfg.grpo)
-    fixed = [r["prompt"] for r in read_jsonl(p.path, ("prompt",))] if p.path else None
 
     def prompts(i: int) -> list[list[int]]:
         if fixed is not None:
@@ -167,11 +174,34 @@ def _records(cfg: RunConfig, keys: tuple[str, ...]) -> tuple[list[dict], list[di
             low=d.low,
             vocab=cfg.model.vocab_size,
         )
+    _check_records(records, keys, cfg.model, d.path)
     if len(records) <= d.held_out:
         raise ConfigError(
             f"data: {len(records)} records but held_out={d.held_out}; add records or lower it."
         )
     return records[: -d.held_out or None], records[len(records) - d.held_out :]
+
+
+def _check_records(records: list[dict], keys: tuple[str, ...], model: Any, path: Any) -> None:
+    """Every id in ``[0, vocab_size)`` and prompt + answer within ``max_seq_len`` (an id
+    outside the vocabulary embeds as NaN; a longer row is past the model's context)."""
+    where = f"data.path {path}" if path else "data (synthetic)"
+    vocab, limit = model.vocab_size, model.max_seq_len
+    for i, rec in enumerate(records, 1):
+        for k in keys:
+            bad = [t for t in rec[k] if not 0 <= t < vocab]
+            if bad:
+                raise ConfigError(
+                    f"{where}: record {i}: {k} holds id {bad[0]}, outside [0, {vocab}) "
+                    "(model.vocab_size); tokenize with the model's tokenizer."
+                )
+        for k in keys[1:]:  # each answer follows the prompt in one row
+            n = len(rec[keys[0]]) + len(rec[k])
+            if n > limit:
+                raise ConfigError(
+                    f"{where}: record {i}: {keys[0]} + {k} is {n} tokens; model.max_seq_len "
+                    f"is {limit}. Shorten or drop the record, or raise max_seq_len."
+                )
 
 
 def _pad(seqs: list[list[int]], length: int) -> np.ndarray:
@@ -278,7 +308,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         cfg = load_config(args.stage, args.config)
-        overrides = {k: v for k, v in (("out", args.out), ("steps", args.steps)) if v}
+        overrides = {k: v for k, v in (("out", args.out), ("steps", args.steps)) if v is not None}
         if overrides:
             cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, **overrides))
         final = run_rl(cfg) if cfg.stage in ("ppo", "grpo") else run_supervised(cfg)

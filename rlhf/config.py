@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
+import types
+import typing
 from typing import Any
 
 import jax
@@ -62,6 +64,13 @@ class PromptSection:
     low: int = 0
     seed: int = 1000
 
+    def __post_init__(self) -> None:
+        if self.count < 1 or self.length < 1 or self.low < 0:
+            raise ConfigError(
+                f"count and length must be >= 1 and low >= 0 (got count={self.count}, "
+                f"length={self.length}, low={self.low}); an empty prompt cannot be sampled."
+            )
+
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class DataSection:
@@ -78,6 +87,13 @@ class DataSection:
     completion_len: int = 8
     token: int = 3
     low: int = 4
+
+    def __post_init__(self) -> None:
+        if self.n < 1 or self.held_out < 1:
+            raise ConfigError(
+                f"n and held_out must be >= 1 (got n={self.n}, held_out={self.held_out}); "
+                "the run ends with an evaluation on the held_out records."
+            )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -149,12 +165,89 @@ def build(cls: type, raw: Any, where: str) -> Any:
             f"{where}.{unknown[0]}: unknown key for {cls.__name__}; allowed keys: "
             f"{', '.join(allowed)}."
         )
+    hints = _hints(cls)
+    values = {k: _checked(v, hints.get(k, Any), f"{where}.{k}") for k, v in raw.items()}
     try:
-        return cls(**raw)
+        return cls(**values)
     except ConfigError as e:
         raise ConfigError(f"{where}: {e}") from None
     except (TypeError, ValueError) as e:
         raise ConfigError(f"{where}: {cls.__name__} rejected {raw!r}: {e}") from None
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    try:
+        return typing.get_type_hints(cls)
+    except Exception:  # an annotation that does not resolve: leave the checks to cls
+        return {}
+
+
+_NAMES = {int: "an int", float: "a float", bool: "a bool (true/false)", str: "a str"}
+
+
+def _fits(value: Any, hint: Any) -> bool:
+    """Whether a YAML value can stand for ``hint`` (unknown hints, e.g. classes: yes)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, a) for a in args)
+    if hint is type(None):
+        return value is None
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    if hint is dict or origin is dict:
+        return isinstance(value, dict)
+    if hint is tuple or origin is tuple:
+        if isinstance(value, str):  # one name where a tuple of names goes (LoRA targets)
+            return args[:1] == (str,) and args[1:] == (Ellipsis,)
+        if not isinstance(value, (list, tuple)):
+            return False
+        if len(args) == 2 and args[1] is Ellipsis:
+            return all(_fits(v, args[0]) for v in value)
+        return True
+    return True
+
+
+def _options(hint: Any) -> tuple[Any, ...]:
+    """The alternatives of a union hint (``int | None``), or the hint alone."""
+    union = typing.get_origin(hint) in (typing.Union, types.UnionType)
+    return typing.get_args(hint) if union else (hint,)
+
+
+def _describe(hint: Any) -> str:
+    if hint in _NAMES:
+        return _NAMES[hint]
+    if hint is tuple or typing.get_origin(hint) is tuple:
+        return "a list"
+    if hint is dict or typing.get_origin(hint) is dict:
+        return "a mapping"
+    return "null" if hint is type(None) else str(hint)
+
+
+def _checked(value: Any, hint: Any, where: str) -> Any:
+    """``value`` (a list as a tuple where a tuple goes), or a `ConfigError` naming ``where``
+    and the type wanted."""
+    options = _options(hint)
+    if not _fits(value, hint):
+        fix = ""
+        if float in options and isinstance(value, str):
+            try:
+                float(value)
+                fix = " (YAML reads 1e-3 as a string: write 1.0e-3)"
+            except ValueError:
+                pass
+        wanted = " or ".join(_describe(a) for a in options)
+        raise ConfigError(f"{where}: expected {wanted}, got {value!r}{fix}.")
+    if isinstance(value, list) and any(
+        a is tuple or typing.get_origin(a) is tuple for a in options
+    ):
+        return tuple(value)
+    return value
 
 
 def parse_config(stage: str, raw: Any) -> RunConfig:
@@ -181,7 +274,25 @@ def parse_config(stage: str, raw: Any) -> RunConfig:
             "reward: {model: PATH} section."
         )
     _check_layout(stage, raw, fields)
+    _check_synthetic_ids(stage, fields)
     return RunConfig(stage=stage, **fields)
+
+
+def _check_synthetic_ids(stage: str, fields: dict) -> None:
+    """Random prompts and synthetic records draw ids in ``[low, vocab_size)``."""
+    vocab = fields["model"].vocab_size
+    rl = stage in ("ppo", "grpo")
+    section = "prompts" if rl else "data"
+    drawn = fields.get(section) or (PromptSection() if rl else DataSection())
+    if drawn.path:  # ids come from the file (checked as it is read)
+        return
+    for name in ("low",) if rl else ("low", "token"):
+        value = getattr(drawn, name)
+        if value >= vocab:
+            raise ConfigError(
+                f"{section}.{name}={value}: random ids are drawn below model.vocab_size="
+                f"{vocab}; use a value below it."
+            )
 
 
 def _check_layout(stage: str, raw: dict, fields: dict) -> None:

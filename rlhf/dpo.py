@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxcore import BatchError, Engine, TrainState
+from jaxcore import BatchError, ConfigError, Engine, TrainState
 from rlhf.losses import dpo_loss
 from rlhf.models import token_logprobs
 
@@ -72,6 +72,16 @@ def with_reference(
 
 def dpo_objective(*, beta: float = 0.1, label_smoothing: float = 0.0) -> Callable:
     """A jaxcore ``loss_fn``: the sigmoid DPO loss on batches from `with_reference`."""
+    if not beta > 0:
+        raise ConfigError(
+            f"DPO beta={beta}: must be > 0 (loss.beta in a config; TRL's default is 0.1): "
+            "0 trains nothing and a negative beta prefers the rejected answers."
+        )
+    if not 0 <= label_smoothing <= 0.5:
+        raise ConfigError(
+            f"DPO label_smoothing={label_smoothing}: must be in [0, 0.5] (cDPO's label-noise "
+            "rate); above 0.5 the loss prefers the rejected answers."
+        )
 
     def loss_fn(model, batch, rng):
         del rng

@@ -17,7 +17,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from jaxcore import ConfigError, Engine, TrainState
+from jaxcore import ConfigError, Engine, JaxcoreError, TrainState
 from jaxcore.models import TransformerConfig
 from rlhf.rollout import Rollout
 
@@ -125,15 +125,56 @@ def as_weighted(rewards: Any) -> list[tuple[Any, float]]:
     return out
 
 
+class RewardError(JaxcoreError, ValueError):
+    """A reward came back NaN or infinite (it would train the policy on NaN)."""
+
+
+def _as_float(fn: Any, value: Any, i: int) -> float:
+    try:
+        if isinstance(value, (str, bytes)):
+            raise TypeError
+        return float(value)
+    except (TypeError, ValueError):
+        name = getattr(fn, "__name__", repr(fn))
+        raise RewardError(
+            f"reward {name} returned {value!r} for sequence {i}, not a float; a reward "
+            "function must return one number per completion."
+        ) from None
+
+
+def _check_finite(fn: Any, values: np.ndarray, prompts: list, rollout: Rollout) -> None:
+    bad = np.flatnonzero(~np.isfinite(values))
+    if bad.size:
+        i = int(bad[0])
+        name = "model" if isinstance(fn, ModelReward) else getattr(fn, "__name__", repr(fn))
+        fix = (
+            "check the reward model's checkpoint (its weights or inputs are not finite)"
+            if isinstance(fn, ModelReward)
+            else "make the function return a finite float for every completion"
+        )
+        raise RewardError(
+            f"reward {name} returned {values[i]} for sequence {i} (prompt {prompts[i]}, "
+            f"completion {rollout.completions[i]}; {bad.size} of {values.size} not finite): "
+            f"rewards must be finite; {fix}."
+        )
+
+
 def score_rollout(rewards: list[tuple[Any, float]], rollout: Rollout) -> np.ndarray:
-    """``sum(weight * reward)`` per sequence, float32 ``(batch,)``."""
+    """``sum(weight * reward)`` per sequence, float32 ``(batch,)``; a NaN or infinite
+    reward raises `RewardError` naming the reward and the sequence."""
     total = np.zeros(len(rollout.completions), np.float32)
     prompts = [rollout.tokens[i, :p].tolist() for i, p in enumerate(rollout.prompt_lengths)]
     for fn, weight in rewards:
         if isinstance(fn, ModelReward):
-            total += weight * fn(rollout)
+            values = np.asarray(fn(rollout), np.float32)
         else:
-            total += weight * np.array(
-                [fn(p, c) for p, c in zip(prompts, rollout.completions, strict=True)], np.float32
+            values = np.array(
+                [
+                    _as_float(fn, fn(p, c), i)
+                    for i, (p, c) in enumerate(zip(prompts, rollout.completions, strict=True))
+                ],
+                np.float32,
             )
+        _check_finite(fn, values, prompts, rollout)
+        total += weight * values
     return total

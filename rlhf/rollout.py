@@ -112,6 +112,8 @@ class Sampler:
         seed: int = 0,
     ) -> Rollout:
         """Sample one completion per prompt (repeat prompts for several), batched."""
+        if not prompts:
+            raise ConfigError("Sampler.generate: no prompts; pass at least one list of ids.")
         scheduler = self.llm.scheduler
         work = [
             (

@@ -51,18 +51,38 @@ def synthetic_records(
     return out
 
 
-def read_jsonl(path: str | pathlib.Path, keys: tuple[str, ...]) -> list[dict[str, list[int]]]:
-    """Records from a JSONL file; each line must hold ``keys`` as lists of token ids."""
+def read_jsonl(
+    path: str | pathlib.Path, keys: tuple[str, ...], *, where: str = "data.path"
+) -> list[dict[str, list[int]]]:
+    """Records from a JSONL file; each line must hold ``keys`` as lists of token ids
+    (other keys are ignored). ``where`` names the config field in errors."""
     path = pathlib.Path(path)
     if not path.is_file():
-        raise ConfigError(f"data.path {path}: no such file.")
+        raise ConfigError(f"{where} {path}: no such file.")
     out = []
     for i, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():
             continue
-        rec = json.loads(line)
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ConfigError(
+                f"{path}:{i}: not valid JSON ({e}); write one object a line."
+            ) from None
+        if not isinstance(rec, dict):
+            raise ConfigError(f"{path}:{i}: expected a JSON object with {keys}, got {rec!r}.")
         missing = [k for k in keys if k not in rec]
         if missing:
             raise ConfigError(f"{path}:{i}: record lacks {missing}; each line needs {keys}.")
-        out.append({k: [int(t) for t in rec[k]] for k in keys})
+        for k in keys:
+            ids = rec[k]
+            if not isinstance(ids, list) or not all(
+                isinstance(t, int) and not isinstance(t, bool) for t in ids
+            ):
+                got = type(ids).__name__ if not isinstance(ids, list) else repr(ids)
+                raise ConfigError(
+                    f"{path}:{i}: {k} must be a list of token ids, got {got}; tokenize text "
+                    "first and write the integer ids."
+                )
+        out.append({k: list(rec[k]) for k in keys})
     return out

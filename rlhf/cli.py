@@ -43,13 +43,20 @@ def _fault_point(iteration: int, point: str) -> None:
 
 class MetricsLog:
     """``metrics.jsonl`` kept to the lines before ``start`` (a resume recomputes the
-    rest); each line is flushed and fsynced, so a kill never leaves half a line."""
+    rest); each line is flushed and fsynced. The trimmed file replaces the old one
+    atomically, so a kill during a resume's rewrite loses no line, and a line torn by a
+    kill in the middle of its write is dropped (its step is recomputed)."""
 
     def __init__(self, path: pathlib.Path, start: int):
         path.parent.mkdir(parents=True, exist_ok=True)
         lines = path.read_text().splitlines() if path.exists() else []
-        kept = [ln for ln in lines if ln.strip() and json.loads(ln)["step"] < start]
-        path.write_text("".join(ln + "\n" for ln in kept))
+        kept = [ln for ln in lines if (_step_of(ln) if ln.strip() else start) < start]
+        tmp = path.with_name(path.name + ".tmp")
+        with open(tmp, "w") as f:
+            f.write("".join(ln + "\n" for ln in kept))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
         self._file = path.open("a")
 
     def write(self, step: int, metrics: dict[str, Any]) -> None:
@@ -61,6 +68,14 @@ class MetricsLog:
 
     def close(self) -> None:
         self._file.close()
+
+
+def _step_of(line: str) -> float:
+    """The step a metrics line records; infinity for a line torn by a kill (dropped)."""
+    try:
+        return json.loads(line)["step"]
+    except (ValueError, KeyError, TypeError):
+        return float("inf")
 
 
 def load_reward(spec: Any) -> Any:

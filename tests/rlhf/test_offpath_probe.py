@@ -2,6 +2,7 @@
 non-finite rewards must stop with a `ConfigError` naming what is wrong, not a traceback
 deep inside JAX or silent NaN training."""
 
+import json
 import pathlib
 
 import pytest
@@ -342,3 +343,32 @@ def test_a_kill_while_writing_the_host_file_leaves_no_torn_checkpoint(tmp_path, 
 def test_synthetic_ids_outside_the_vocabulary_are_config_errors(stage, section, match):
     with pytest.raises(jc.ConfigError, match=match):
         parse_config(stage, ppo_raw(**section))
+
+
+def test_a_resume_keeps_metrics_whole_when_a_line_was_torn_or_the_rewrite_fails(
+    tmp_path, monkeypatch
+):
+    """A kill in the middle of a line's write leaves a torn last line: a resume used to
+    die parsing it. The trimmed file now replaces the old one atomically: a failure
+    before the rename leaves every earlier line."""
+    import os
+
+    from rlhf.cli import MetricsLog
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text('{"step": 1, "loss": 2.0}\n{"step": 2, "loss": 1.5}\n{"step": 3, "lo')
+    log = MetricsLog(path, start=3)
+    log.write(3, {"loss": 1.25})
+    log.close()
+    steps = [json.loads(x)["step"] for x in path.read_text().splitlines()]
+    assert steps == [1, 2, 3]
+
+    before = path.read_text()
+
+    def crash(*a):
+        raise OSError("killed before the rename")
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(OSError, match="before the rename"):
+        MetricsLog(path, start=2)
+    assert path.read_text() == before

@@ -142,3 +142,17 @@ def _gpl_text() -> str:
 def _shared_pii_secret(monkeypatch: pytest.MonkeyPatch) -> None:
     """One PII HMAC key for every build of a test, so two output folders compare equal."""
     monkeypatch.setenv("DATA_PII_SECRET", "5e" * 32)
+
+
+def ingest_all(sources, **config):
+    """Every record `IngestStep` yields for ``sources``, and its stage statistics."""
+    from data.config import IngestConfig
+    from data.ingest import IngestStep, plan_units
+
+    gen = IngestStep(IngestConfig(**config)).run(plan_units(sources))
+    recs = []
+    while True:
+        try:
+            recs.append(next(gen))
+        except StopIteration as stop:
+            return recs, stop.value

@@ -9,21 +9,9 @@ import tarfile
 import zipfile
 from pathlib import Path
 
-from conftest import git, make_repo
+from conftest import git, ingest_all, make_repo
 
-from data.config import IngestConfig, SourceConfig
-from data.ingest import IngestStep, plan_units
-
-
-def _ingest(sources: list[SourceConfig], **kw):
-    step = IngestStep(IngestConfig(**kw))
-    gen = step.run(plan_units(sources))
-    recs = []
-    while True:
-        try:
-            recs.append(next(gen))
-        except StopIteration as stop:
-            return recs, stop.value
+from data.config import SourceConfig
 
 
 def test_git_repo_default_branch_latest_commit(tmp_path: Path) -> None:
@@ -41,7 +29,7 @@ def test_git_repo_default_branch_latest_commit(tmp_path: Path) -> None:
     git(repo, "add", "link.py")
     git(repo, "commit", "-qm", "link", date="2024-05-07T00:00:00+00:00")
     head = git(repo, "rev-parse", "HEAD")
-    recs, stats = _ingest([SourceConfig(type="git", path=str(repo))])
+    recs, stats = ingest_all([SourceConfig(type="git", path=str(repo))])
     by_path = {r.path: r for r in recs}
     assert set(by_path) == {"a.py", "b.txt", "link.py"}
     assert by_path["a.py"].content == "print('v2')\n" and by_path["a.py"].commit == head != first
@@ -63,7 +51,7 @@ def test_directory_binary_size_encoding_symlink(tmp_path: Path) -> None:
     ) * 8
     (root / "latin.txt").write_bytes(french.encode("latin-1"))
     os.symlink("/etc/passwd", root / "escape")
-    recs, _ = _ingest([SourceConfig(type="dir", path=str(root))], max_file_bytes=4096)
+    recs, _ = ingest_all([SourceConfig(type="dir", path=str(root))], max_file_bytes=4096)
     r = {x.path: x for x in recs}
     assert r["ok.py"].content == "x = 1\n" and not r["ok.py"].drop_stage
     assert r["bin.dat"].drop_reason == "binary"
@@ -116,7 +104,7 @@ def test_malicious_archives(tmp_path: Path) -> None:
     (arch / "corrupt.tar.gz").write_bytes(data[: len(data) // 2])
     (arch / "garbage.zip").write_bytes(b"PK\x03\x04 not really a zip" + bytes(100))
     del good
-    recs, stats = _ingest(
+    recs, stats = ingest_all(
         [SourceConfig(type="archive", path=str(arch), layout="repos")],
         max_file_bytes=1_000_000,
         max_archive_bytes=10_000_000,
@@ -141,7 +129,7 @@ def test_malicious_archives(tmp_path: Path) -> None:
 def test_archive_total_budget(tmp_path: Path) -> None:
     members = [_info(f"r/f{i}.txt", b"z" * 4000) for i in range(10)]
     _tar(tmp_path / "many.tar", members)
-    recs, _ = _ingest(
+    recs, _ = ingest_all(
         [SourceConfig(type="archive", path=str(tmp_path / "many.tar"))], max_archive_bytes=10_000
     )
     kept = [r for r in recs if not r.drop_stage]
@@ -160,7 +148,7 @@ def test_utf16_and_utf32_files_with_a_bom_are_text_not_binary(tmp_path: Path) ->
     (root / "w32.txt").write_bytes(b"\xff\xfe\x00\x00" + code.encode("utf-32-le"))
     (root / "fake.bin").write_bytes(b"\xff\xfe" + b"\x00\x00" * 8 + bytes(range(1, 40)))
     (root / "odd.bin").write_bytes(b"\xff\xfe" + b"a\x00b")  # odd length: not UTF-16
-    recs, _ = _ingest([SourceConfig(type="dir", path=str(root))])
+    recs, _ = ingest_all([SourceConfig(type="dir", path=str(root))])
     r = {x.path: x for x in recs}
     for name in ("le.ps1", "be.cs", "w32.txt"):
         assert not r[name].drop_stage, (name, r[name].drop_reason)

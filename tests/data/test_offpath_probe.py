@@ -10,23 +10,12 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from conftest import make_repo
+from conftest import ingest_all, make_repo
 
 from data import build
-from data.config import BuildConfig, IngestConfig, SourceConfig, config_from_dict
+from data.config import BuildConfig, SourceConfig, config_from_dict
 from data.errors import BuildError
-from data.ingest import IngestStep, plan_units
 from data.pipeline import stage1_shard
-
-
-def _ingest(sources: list[SourceConfig]):
-    gen = IngestStep(IngestConfig()).run(plan_units(sources))
-    recs = []
-    while True:
-        try:
-            recs.append(next(gen))
-        except StopIteration as stop:
-            return recs, stop.value
 
 
 def _rows(vdir: Path, kind: str) -> list[dict]:
@@ -73,7 +62,7 @@ def test_undecodable_file_names_are_dropped_not_fatal(tmp_path: Path) -> None:
         ti = tarfile.TarInfo(os.fsdecode(bad))
         ti.size = len(data)
         tf.addfile(ti, io.BytesIO(data))
-    recs, _ = _ingest(
+    recs, _ = ingest_all(
         [
             SourceConfig(type="dir", path=str(d)),
             SourceConfig(type="git", path=str(g)),
@@ -108,7 +97,7 @@ def test_unlistable_directory_is_a_drop_row(tmp_path: Path, monkeypatch) -> None
         return real_scandir(path)
 
     monkeypatch.setattr(os, "scandir", scandir)
-    recs, stats = _ingest([SourceConfig(type="dir", path=str(d))])
+    recs, stats = ingest_all([SourceConfig(type="dir", path=str(d))])
     by = {r.path: r for r in recs}
     assert by["ok.py"].drop_stage == ""
     assert by["locked"].drop_reason == "unreadable"
@@ -360,11 +349,11 @@ def test_git_source_inside_another_repository_is_refused(tmp_path: Path) -> None
     plain.mkdir(parents=True)
     (plain / "b.py").write_text("x = 1\n")
     with pytest.raises(BuildError, match=r"inside .*outer.*Fix: .*type: dir"):
-        _ingest([SourceConfig(type="git", path=str(plain))])
+        ingest_all([SourceConfig(type="git", path=str(plain))])
     empty = tmp_path / "empty"
     empty.mkdir()
     import subprocess
 
     subprocess.run(["git", "init", "-q", str(empty)], check=True)
     with pytest.raises(BuildError, match=r"no commit.*Fix: "):
-        _ingest([SourceConfig(type="git", path=str(empty))])
+        ingest_all([SourceConfig(type="git", path=str(empty))])

@@ -37,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import math
 import os
 import pathlib
 import re
@@ -56,6 +57,7 @@ from jaxcore.checkpointing.manifest import VERIFY_MODES, Damage, has_manifest
 from jaxcore.checkpointing.preemption import PreemptionWatch
 from jaxcore.checkpointing.storage import failed_step, storage_failure
 from jaxcore.checkpointing.verification import Unreadable, agree_on_damage
+from jaxcore.checkpointing.writer_lock import BusyDirectory, WriterLock
 from jaxcore.errors import ConfigError, JaxcoreError
 from jaxcore.input import check_loader
 from jaxcore.plan import TrainPlan
@@ -149,6 +151,11 @@ class CheckpointConfig:
             raise ConfigError(f"CheckpointConfig.verify={self.verify!r}: one of {VERIFY_MODES}.")
 
 
+def _rank_value(metrics: dict[str, Any], name: str, worst: float) -> float:
+    value = float(metrics.get(name, math.nan))
+    return worst if math.isnan(value) else value
+
+
 def _is_typed_key(x: Any) -> bool:
     return hasattr(x, "dtype") and jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key)
 
@@ -216,6 +223,7 @@ class Checkpointer:
             self.directory, item_names=_ITEMS, options=self._options()
         )
         self._preemption = PreemptionWatch(install=config.save_on_sigterm)
+        self._writer = WriterLock(self.directory)
 
     def _options(self) -> ocp.CheckpointManagerOptions:
         cfg = self.config
@@ -230,10 +238,12 @@ class Checkpointer:
             )
         keep: list[Any] = [ocm.LatestN(cfg.keep_last)]
         if cfg.keep_best:
-            metric = cfg.best_metric
+            metric, worst = cfg.best_metric, math.inf if cfg.best_mode == "min" else -math.inf
             keep.append(
                 ocm.BestN(
-                    get_metric_fn=lambda m: float(m[metric]),
+                    # A NaN (a diverged step) or an absent metric ranks last: sorting with
+                    # NaN keys is arbitrary and could delete the best step.
+                    get_metric_fn=lambda m: _rank_value(m, metric, worst),
                     reverse=cfg.best_mode == "min",
                     n=cfg.keep_best,
                     keep_checkpoints_without_metrics=False,
@@ -301,6 +311,13 @@ class Checkpointer:
         constructor's; ``step`` to ``state.step`` (passing it avoids a device read).
         """
         loader = self._loader(loader, "Checkpointer.save(loader=...)")
+        best = self.config.best_metric
+        if self.config.keep_best and metrics is not None and best not in metrics:
+            raise ConfigError(
+                f"Checkpointer.save(metrics=...) got {sorted(metrics)} but "
+                f"CheckpointConfig.best_metric={best!r} ranks the steps to keep: pass "
+                f"metrics={{{best!r}: ...}} or set best_metric to one of these."
+            )
         step = int(jax.device_get(state.step)) if step is None else int(step)
         preempted = self._preemption.reached(step, self._mgr)
         saved = False
@@ -320,7 +337,20 @@ class Checkpointer:
             raise Preempted(step)
         return saved
 
+    def _claim_directory(self) -> None:
+        if jax.process_index() != 0:
+            return
+        try:
+            self._writer.claim()
+        except BusyDirectory as e:
+            raise CheckpointError(
+                f"another run ({e.owner}) is saving checkpoints to {self.directory}; two "
+                "runs in one directory would interleave their steps. Stop that run, or give "
+                "this one another CheckpointConfig.directory."
+            ) from None
+
     def _save(self, step: int, state: TrainState, loader: Any, metrics: Any) -> bool:
+        self._claim_directory()
         rng = state.rng
         typed = _is_typed_key(rng)
         saveable = state.replace(rng=jax.random.key_data(rng)) if typed else state
@@ -408,6 +438,7 @@ class Checkpointer:
         finally:
             self._mgr.close()
             self._preemption.close()
+            self._writer.release()
 
     def __enter__(self) -> Checkpointer:
         return self
@@ -513,6 +544,15 @@ class Checkpointer:
         try:
             out = self._mgr.restore(step, args=ocp.args.Composite(**items))
         except Exception as e:
+            if isinstance(e, ValueError) and "tree structures do not match" in str(e):
+                # Same leaves, other containers: e.g. adamw's state vs adam's (the empty
+                # states of a chain hold no leaf, so the record's leaf table cannot tell).
+                diff = str(e).split("\n", 1)[-1].split("\nIf this mismatch", 1)[0]
+                raise ConfigError(
+                    f"checkpoint {root} holds a train state of another structure than this "
+                    f"run's (a different optimizer or model):\n{diff}\nUse the model and "
+                    "optimizer it was written with, or a new directory."
+                ) from e
             where = _culprit(root, e, root / "state")
             raise CheckpointError(
                 f"restoring checkpoint {root} (step {step}) failed at {where}: "
@@ -526,6 +566,15 @@ class Checkpointer:
             state = state.replace(rng=jax.random.wrap_key_data(state.rng, impl=record["rng_impl"]))
         if loader is not None and (record.get("input") or record.get("input_kind")):
             positions.apply(out, record, loader)
+        elif loader is not None:
+            msg = (
+                f"checkpoint {root} (step {step}) holds no input position (it was saved "
+                f"without a loader), so the {type(loader).__name__} was not moved: it "
+                "repeats the data from its current position. Position it yourself (a "
+                f"jaxcore.Loader: loader.seek({step})) or start a new directory."
+            )
+            log.warning(msg)
+            self._print(msg)
         return state
 
     def _check_compatible(self, step: int, record: dict, target: TrainState) -> None:

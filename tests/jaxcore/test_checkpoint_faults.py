@@ -6,6 +6,7 @@ restore monkeypatched to raise; a read that fails), never by timing.
 
 import errno
 import json
+import pathlib
 import resource
 import signal
 
@@ -18,7 +19,7 @@ import pytest
 
 import jaxcore as jc
 from jaxcore.checkpoint import CheckpointConfig, Checkpointer, CheckpointError
-from jaxcore.checkpointing import atomic, manifest, storage
+from jaxcore.checkpointing import atomic, manifest, storage, writer_lock
 from jaxcore.checkpointing.manifest import write_manifest
 from jaxcore.models import lm_loss
 
@@ -76,6 +77,11 @@ def _damage(path, how):
         data = bytearray(path.read_bytes())
         data[len(data) // 2] ^= 0xFF
         path.write_bytes(bytes(data))
+
+
+def _entries(directory):
+    """What a directory holds besides the writer lock of the runs that saved there."""
+    return sorted(p.name for p in directory.iterdir() if p.name != writer_lock.LOCK_FILE)
 
 
 def _make_legacy(step_dir):
@@ -146,7 +152,7 @@ def test_a_restore_exception_raises_and_moves_nothing(tmp_path, trained, monkeyp
     assert f"{tmp_path / '4'} (step 4)" in message
     assert f"failed at {tmp_path / '4' / 'state' / '_METADATA'}" in message
     assert "ValueError: unexpected key" in message and "nothing was moved" in message
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["2", "4"]
+    assert _entries(tmp_path) == ["2", "4"]
 
 
 def test_unreadable_files_raise_instead_of_quarantining(tmp_path, trained, monkeypatch):
@@ -158,7 +164,7 @@ def test_unreadable_files_raise_instead_of_quarantining(tmp_path, trained, monke
     monkeypatch.setattr(manifest, "crc32", denied)
     with pytest.raises(CheckpointError, match=r"could not read.*Permission denied"):
         _resume(tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["2"]
+    assert _entries(tmp_path) == ["2"]
 
 
 def test_two_damaged_steps_raise_after_one_quarantine(tmp_path, trained):
@@ -167,7 +173,7 @@ def test_two_damaged_steps_raise_after_one_quarantine(tmp_path, trained):
     _damage(_biggest_data_file(tmp_path / "4"), "truncate")
     with pytest.raises(CheckpointError, match=r"damaged too.*after step 6 was moved"):
         _resume(tmp_path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["2", "4", "damaged"]
+    assert _entries(tmp_path) == ["2", "4", "damaged"]
 
 
 def test_unreadable_manifest_is_damage(tmp_path, trained):
@@ -208,7 +214,7 @@ def test_a_loader_that_cannot_resume_fails_at_construction(tmp_path):
 
     with pytest.raises(jc.ConfigError, match=r"Batches cannot be checkpointed.*get_state"):
         Checkpointer(CheckpointConfig(directory=tmp_path), loader=Batches())
-    assert not any(tmp_path.iterdir())
+    assert not _entries(tmp_path)
 
 
 def test_a_full_disk_while_finalizing_names_the_lost_step(tmp_path, trained, monkeypatch):
@@ -272,3 +278,46 @@ def test_errors_that_are_not_the_storage_propagate_unchanged():
     chained = RuntimeError("save failed")
     chained.__cause__ = OSError(errno.EROFS, "Read-only file system")
     assert storage.storage_failure(chained) == "the filesystem is read-only"
+
+
+HOLDER = """
+import sys
+sys.path.insert(0, {root!r})
+import jax.numpy as jnp, optax
+import jaxcore as jc
+from tests.jaxcore.helpers import factory
+engine = jc.Engine()
+state = engine.prepare(factory, optax.sgd(0.1))
+with jc.Checkpointer(jc.CheckpointConfig(directory={directory!r}, async_save=False)) as c:
+    c.save(state.replace(step=jnp.int32(1)), force=True)
+    print("SAVED", flush=True)
+    sys.stdin.readline()  # hold the directory until told to go
+"""
+
+
+def test_a_second_run_saving_into_the_same_directory_is_refused(tmp_path, trained):
+    """Two runs on one directory used to interleave their steps (and one died on Orbax's
+    FileNotFoundError when both wrote step 1). While another process holds the directory
+    the first save raises naming it; once that process is gone, saving works."""
+    import subprocess
+    import sys
+
+    root = str(pathlib.Path(__file__).resolve().parents[2])
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER.format(root=root, directory=str(tmp_path))],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout.readline().strip() == "SAVED"
+        engine, state = trained
+        with Checkpointer(CheckpointConfig(directory=tmp_path), engine=engine) as ckpt:
+            assert ckpt.latest_step() == 1  # reading is not writing: never refused
+            with pytest.raises(CheckpointError, match=rf"another run \(pid {holder.pid} on"):
+                ckpt.save(_bumped(state, 2), force=True)
+    finally:
+        holder.communicate("go\n", timeout=60)
+    with Checkpointer(CheckpointConfig(directory=tmp_path), engine=engine) as ckpt:
+        ckpt.save(_bumped(state, 2), force=True)
+    assert _resume(tmp_path)[0].resumed_step == 2

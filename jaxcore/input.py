@@ -368,6 +368,8 @@ class Loader:
             "global_batch_size": cfg.global_batch_size,
             "seq_len": cfg.seq_len,
             "mode": cfg.mode,
+            "shuffle": cfg.shuffle,
+            "eos_id": cfg.eos_id,
         }
         if self.streaming:
             self._ensure_iter()
@@ -391,6 +393,13 @@ class Loader:
                     f"InputConfig.{key}={getattr(cfg, key)!r} differs from the checkpoint's "
                     f"{state.get(key)!r}: the saved position would point at different data. "
                     f"Resume with {key}={state.get(key)!r}."
+                )
+        for key in ("shuffle", "eos_id"):  # older positions do not record these
+            if key in state and state[key] != getattr(cfg, key):
+                raise ConfigError(
+                    f"InputConfig.{key}={getattr(cfg, key)!r} differs from the checkpoint's "
+                    f"{state[key]!r}: the saved position would point at different data. "
+                    f"Resume with {key}={state[key]!r}."
                 )
         if not self.streaming and state.get("num_documents") != self._rows.n:
             raise ConfigError(
@@ -461,7 +470,19 @@ class Loader:
 
     def __next__(self) -> Any:
         self._ensure_iter()
-        local = next(self._iter)
+        try:
+            local = next(self._iter)
+        except StopIteration:
+            if self.step == 0:
+                cfg = self.config
+                raise ConfigError(
+                    f"the streaming source yielded no complete batch of {self.hi - self.lo} "
+                    f"rows x seq_len+1={cfg.seq_len + 1} tokens (mode={cfg.mode!r}) for "
+                    f"process {jax.process_index()}: it is empty or too short. Use more "
+                    "data, a smaller global_batch_size or seq_len, or a repeating stream "
+                    "(dataset.repeat())."
+                ) from None
+            raise
         self.step += 1
         return self.to_global(local)
 

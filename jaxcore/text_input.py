@@ -26,13 +26,34 @@ from jaxcore.tokenization import Tokenizer, load_tokenizer
 
 def _text_of(element: Any, index: int) -> str:
     if isinstance(element, dict):
-        element = element.get("text")
+        if "text" not in element:
+            raise ConfigError(
+                f"TextSource: element {index} is a dict with keys {sorted(element)} and no "
+                "'text'; each document must be a str or a dict with a 'text' str."
+            )
+        element = element["text"]
     if not isinstance(element, str):
         raise ConfigError(
             f"TextSource: element {index} is {type(element).__name__}; each document must be "
             "a str or a dict with a 'text' str."
         )
     return element
+
+
+def _not_utf8(texts: Sequence[str], first: int) -> ConfigError | None:
+    """The error for the first text the tokenizer cannot take: a lone surrogate (what
+    ``errors="surrogateescape"`` makes of non-UTF-8 bytes) has no UTF-8 form."""
+    for offset, text in enumerate(texts):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:
+            return ConfigError(
+                f"TextSource: element {first + offset} is not valid Unicode text: "
+                f"{text[e.start : e.end]!r} at character {e.start} has no UTF-8 form "
+                "(non-UTF-8 bytes decoded with errors='surrogateescape'?). Decode the "
+                "bytes with errors='replace' (or fix the encoding) before tokenizing."
+            )
+    return None
 
 
 class TextSource:
@@ -58,9 +79,12 @@ class TextSource:
             chunk = [
                 _text_of(texts[i], i) for i in range(start, min(start + batch_size, len(texts)))
             ]
-            encoded = self.tokenizer.backend.encode_batch(
-                chunk, add_special_tokens=add_special_tokens
-            )
+            try:
+                encoded = self.tokenizer.backend.encode_batch(
+                    chunk, add_special_tokens=add_special_tokens
+                )
+            except TypeError as e:
+                raise (_not_utf8(chunk, start) or e) from e
             lengths += [len(e.ids) for e in encoded]
         self.lengths = np.asarray(lengths, np.int64)
 

@@ -18,7 +18,7 @@ import numpy as np
 from inference.batching import Scheduler, run_to_completion
 from inference.config import ServingConfig
 from inference.engine import SlotEngine
-from inference.request import Request
+from inference.request import Request, RequestError
 from inference.sampling import SamplingParams
 from inference.tokenizer import Tokenizer, load_tokenizer
 from inference.weights import resolve_model
@@ -36,6 +36,10 @@ class Completion:
         finish_reason: ``stop``, ``length`` or ``cancelled``.
         prompt_tokens: the prompt's token ids.
         prompt_logprobs: log p of each prompt token after the first (if asked for).
+        top_logprobs: per generated token, the ``logprobs`` most likely ``(id, log p)``
+            (empty unless ``logprobs`` was asked for).
+        prompt_top_logprobs: the same per prompt token after the first
+            (``prompt_logprobs`` alternatives).
     """
 
     text: str
@@ -44,6 +48,8 @@ class Completion:
     finish_reason: str
     prompt_tokens: list[int]
     prompt_logprobs: list[float]
+    top_logprobs: list[list[tuple[int, float]]] = dataclasses.field(default_factory=list)
+    prompt_top_logprobs: list[list[tuple[int, float]]] = dataclasses.field(default_factory=list)
 
     @classmethod
     def from_request(cls, r: Request) -> Completion:
@@ -54,6 +60,8 @@ class Completion:
             finish_reason=r.finish_reason or "cancelled",
             prompt_tokens=list(r.prompt),
             prompt_logprobs=list(r.prompt_logprobs),
+            top_logprobs=list(r.top_logprobs),
+            prompt_top_logprobs=list(r.prompt_top_logprobs),
         )
 
 
@@ -124,13 +132,20 @@ class LLM:
         """Complete one prompt (returns a `Completion`) or several (a list, batched).
 
         Keyword fields override ``sampling`` (``max_tokens=32, temperature=0.8, ...``).
+        Prompts are tokenized with the tokenizer's special tokens (a BOS), as transformers'
+        ``tokenizer(text)`` and the server's ``/v1/completions`` do.
         """
         params = self._params(sampling, fields)
-        prompts = [prompt] if isinstance(prompt, str) else list(prompt)
-        work = [(self.tokenizer.encode(p), params) for p in prompts]
+        prompts = _texts(prompt)
+        work = [(self._encode(p), params) for p in prompts]
         done = self._run(work)
         out = [Completion.from_request(r) for r in done]
         return out[0] if isinstance(prompt, str) else out
+
+    def _encode(self, text: str) -> list[int]:
+        # Special tokens (a Llama BOS) as transformers' tokenizer(text) and the server's
+        # /v1/completions add them: without BOS such a model continues a different text.
+        return self.tokenizer.encode(text, add_special_tokens=True)
 
     def _run(self, work: list[tuple[list[int], SamplingParams]]) -> list[Request]:
         if self.scheduler.alive:
@@ -138,7 +153,29 @@ class LLM:
         return run_to_completion(self.scheduler, work)
 
     def score(self, text: str) -> list[float]:
-        """log p of each token of ``text`` given the ones before (the first has none)."""
+        """log p of each token of ``text`` given the ones before, tokenized as `generate`
+        does (special tokens included; the first token has none)."""
         params = SamplingParams(max_tokens=0, prompt_logprobs=0)
-        (r,) = self._run([(self.tokenizer.encode(text), params)])
+        (r,) = self._run([(self._encode(text), params)])
         return list(r.prompt_logprobs)
+
+
+def _texts(prompt: Any) -> list[str]:
+    """``prompt`` as a list of texts; anything else (token ids, bytes, None) is refused
+    here: the tokenizer's own error did not say what to pass."""
+    if isinstance(prompt, str):
+        return [prompt]
+    try:
+        prompts = None if isinstance(prompt, bytes) else list(prompt)
+    except TypeError:
+        prompts = None
+    if prompts is not None and all(isinstance(p, str) for p in prompts):
+        return prompts
+    got = type(prompt).__name__
+    if prompts is not None:
+        kinds = sorted({type(p).__name__ for p in prompts if not isinstance(p, str)})
+        got = f"a {got} holding {', '.join(kinds)}"
+    raise RequestError(
+        f"generate: the prompt must be a str or a list of str; got {got}. Pass text "
+        "(token ids go through llm.scheduler.submit(ids, SamplingParams()))."
+    )

@@ -161,6 +161,12 @@ def resolve_model(
             from jaxcore import hf
 
             cfg, params = hf.load(path)
+            if config is not None and config != cfg:  # it was silently dropped
+                raise jc.ConfigError(
+                    f"model: {path} is a Hugging Face folder; its config.json sets the model "
+                    "config, so config= (--config) cannot replace it. Drop it (to serve a "
+                    "shorter context, use ServingConfig(max_len=...) or --max-len)."
+                )
             tokenizer = path / "tokenizer.json"
             return ResolvedModel(cfg, params, str(path) if tokenizer.is_file() else None)
         cfg, params = load_safetensors(path, config)

@@ -142,7 +142,19 @@ def _tokens_of(element: Any) -> np.ndarray:
             f"input element of shape {tokens.shape} and dtype {tokens.dtype}: each document "
             "must be a 1-d integer array of token ids (or a dict with 'tokens')."
         )
+    # Rows are int32: a wider id would wrap to another (even a valid) id, silently.
+    if tokens.size and np.iinfo(tokens.dtype).max > _INT32.max:
+        low, high = int(tokens.min()), int(tokens.max())
+        if high > _INT32.max or low < _INT32.min:
+            bad = high if high > _INT32.max else low
+            raise ConfigError(
+                f"input element holds token id {bad}, outside int32 (the rows' dtype, where "
+                "it would wrap to another id); token ids must lie in [0, vocab_size)."
+            )
     return tokens
+
+
+_INT32 = np.iinfo(np.int32)
 
 
 def _pad_row(tokens: np.ndarray, width: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:

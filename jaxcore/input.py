@@ -142,7 +142,16 @@ def _tokens_of(element: Any) -> np.ndarray:
             f"input element of shape {tokens.shape} and dtype {tokens.dtype}: each document "
             "must be a 1-d integer array of token ids (or a dict with 'tokens')."
         )
-    # Rows are int32: a wider id would wrap to another (even a valid) id, silently.
+    return tokens
+
+
+_INT32 = np.iinfo(np.int32)
+
+
+def _as_int32(tokens: np.ndarray) -> np.ndarray:
+    """``tokens`` as the rows' int32; a wider id would wrap to another (even a valid) id
+    silently, so it is refused. Called on what goes into a row, not on whole documents:
+    a long document packed into many rows is checked once per row's slice."""
     if tokens.size and np.iinfo(tokens.dtype).max > _INT32.max:
         low, high = int(tokens.min()), int(tokens.max())
         if high > _INT32.max or low < _INT32.min:
@@ -151,17 +160,14 @@ def _tokens_of(element: Any) -> np.ndarray:
                 f"input element holds token id {bad}, outside int32 (the rows' dtype, where "
                 "it would wrap to another id); token ids must lie in [0, vocab_size)."
             )
-    return tokens
-
-
-_INT32 = np.iinfo(np.int32)
+    return tokens.astype(np.int32)
 
 
 def _pad_row(tokens: np.ndarray, width: int, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
     row = np.full((width,), pad_id, np.int32)
     mask = np.zeros((width,), np.int32)
     n = min(len(tokens), width)
-    row[:n] = tokens[:n]
+    row[:n] = _as_int32(tokens[:n])
     mask[:n] = 1
     return row, mask
 
@@ -247,7 +253,7 @@ class _Rows:
             parts.append(take)
             pos += len(take)
             j += 1
-        row = np.concatenate(parts).astype(np.int32)
+        row = _as_int32(np.concatenate(parts))
         return row, np.ones((self.width,), np.int32)
 
     def batch(self, first: int, count: int) -> dict[str, np.ndarray]:
@@ -292,7 +298,7 @@ class _AsTokens(grain.transforms.Map):
         self.eos_id = eos_id
 
     def map(self, element: Any) -> dict[str, np.ndarray]:
-        tokens = _tokens_of(element).astype(np.int32)
+        tokens = _as_int32(_tokens_of(element))
         if self.eos_id is not None:
             tokens = np.append(tokens, np.int32(self.eos_id))
         return {"tokens": tokens}

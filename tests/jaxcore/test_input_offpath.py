@@ -152,7 +152,6 @@ def test_token_ids_that_do_not_fit_int32_are_refused_not_wrapped(mode):
     """Rows are int32: an int64 id of 2**32 + 5 used to become 5, a valid id, silently."""
     docs = [np.array([1, 2, 2**32 + 5, 3], np.int64), np.array([4, 5, 6, 7], np.int64)]
     with pytest.raises(jc.ConfigError, match=r"token id 4294967301, outside int32"):
-        # Packing measures every document up front, so it is refused at construction.
         next(Loader(docs, InputConfig(global_batch_size=8, seq_len=3, mode=mode)))
     fine = Loader([d % 100 for d in docs], InputConfig(global_batch_size=8, seq_len=3, mode=mode))
     assert next(fine)["tokens"].dtype == np.int32

@@ -56,14 +56,19 @@ def save_trainer(
     }
     # Written aside and renamed: the host file marks the step complete, so a kill while
     # writing must leave no (empty) trainer-<step>.json behind.
-    final = _host_file(directory, step)
-    tmp = final.with_name(final.name + ".tmp")
+    write_atomic(_host_file(directory, step), json.dumps(host))
+    return step
+
+
+def write_atomic(path: pathlib.Path, text: str) -> None:
+    """Write ``text`` aside, fsync it and rename it over ``path``: a kill leaves the old
+    file or the new one, never a torn or empty one."""
+    tmp = path.with_name(path.name + ".tmp")
     with open(tmp, "w") as f:
-        f.write(json.dumps(host))
+        f.write(text)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, final)
-    return step
+    os.replace(tmp, path)
 
 
 def saved_iterations(directory: str | pathlib.Path) -> list[int]:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from jaxcore import ConfigError, JaxcoreError
+from rlhf.checkpoint import write_atomic
 from rlhf.config import STAGES, RunConfig, load_config
 
 if TYPE_CHECKING:
@@ -51,12 +52,7 @@ class MetricsLog:
         path.parent.mkdir(parents=True, exist_ok=True)
         lines = path.read_text().splitlines() if path.exists() else []
         kept = [ln for ln in lines if (_step_of(ln) if ln.strip() else start) < start]
-        tmp = path.with_name(path.name + ".tmp")
-        with open(tmp, "w") as f:
-            f.write("".join(ln + "\n" for ln in kept))
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        write_atomic(path, "".join(ln + "\n" for ln in kept))
         self._file = path.open("a")
 
     def write(self, step: int, metrics: dict[str, Any]) -> None:

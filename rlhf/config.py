@@ -229,18 +229,21 @@ def _describe(hint: Any) -> str:
     return "null" if hint is type(None) else str(hint)
 
 
+def _parses_as_float(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def _checked(value: Any, hint: Any, where: str) -> Any:
     """``value`` (a list as a tuple where a tuple goes), or a `ConfigError` naming ``where``
     and the type wanted."""
     options = _options(hint)
     if not _fits(value, hint):
-        fix = ""
-        if float in options and isinstance(value, str):
-            try:
-                float(value)
-                fix = " (YAML reads 1e-3 as a string: write 1.0e-3)"
-            except ValueError:
-                pass
+        numeric = float in options and isinstance(value, str) and _parses_as_float(value)
+        fix = " (YAML reads 1e-3 as a string: write 1.0e-3)" if numeric else ""
         wanted = " or ".join(_describe(a) for a in options)
         raise ConfigError(f"{where}: expected {wanted}, got {value!r}{fix}.")
     if isinstance(value, list) and any(

@@ -299,7 +299,7 @@ def test_a_kill_while_writing_the_host_file_leaves_no_torn_checkpoint(tmp_path, 
     from rlhf.checkpoint import restore_trainer, save_trainer, saved_iterations
 
     class Killed(BaseException):
-        pass
+        """The kill: not an Exception, so no handler in the code under test catches it."""
 
     trainer = types.SimpleNamespace(
         iteration=1,

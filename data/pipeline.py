@@ -135,16 +135,20 @@ def _inputs_key(cfg: BuildConfig) -> str:
     return h.hexdigest()
 
 
-def _plan(cfg: BuildConfig) -> list[list[RepoUnit]]:
+def _plan(cfg: BuildConfig, *, check: bool = True) -> list[list[RepoUnit]]:
     """The version's shard plan: made once and kept in ``_work/plan.json``.
 
     Shards are balanced by input sizes, so a plan made again after the inputs changed (a
     resumed build, or a worker starting later) could put a repository in two shards or in
-    none; every worker and every resume reads the first plan instead.
+    none; every worker and every resume reads the first plan instead. ``check`` compares
+    the plan's inputs hash with this config's: the build does it once before its workers
+    start, so the workers pass ``check=False`` and do not rehash the inputs per shard.
     """
     p = _work(cfg) / "plan.json"
-    key = _inputs_key(cfg)
-    if not p.exists():
+    made = p.exists()
+    if not made or check:
+        key = _inputs_key(cfg)
+    if not made:
         plan = assign_shards(plan_units(cfg.sources), cfg.num_shards)
         payload = {"inputs_sha256": key, "shards": [[vars(u) for u in s] for s in plan]}
         p.parent.mkdir(parents=True, exist_ok=True)
@@ -154,7 +158,7 @@ def _plan(cfg: BuildConfig) -> list[list[RepoUnit]]:
             os.link(tmp, p)  # first writer wins
         tmp.unlink()
     saved = json.loads(p.read_text())
-    if saved["inputs_sha256"] != key:
+    if check and saved["inputs_sha256"] != key:
         raise BuildError(
             f"{cfg.version_dir} was started with a different config, opt-out registry or "
             "decontamination files; resuming would mix the two. Fix: build into a new "
@@ -199,7 +203,7 @@ def stage1_shard(config: dict[str, Any], shard: int) -> dict[str, Any]:
     delay = float(os.environ.get("DATA_TEST_SHARD_DELAY_S", "0"))  # test hook: widen the
     if delay:  # window in which the resume test kills a build
         time.sleep(delay)
-    units = _plan(cfg)[shard]
+    units = _plan(cfg, check=False)[shard]
     registry = OptOutRegistry.load(cfg.optout.registry) if cfg.optout.registry else OptOutRegistry()
     steps = [
         IngestStep(cfg.ingest),

@@ -38,6 +38,9 @@ class ModelAdapter:
         vocab_size: token ids the model embeds, ``[0, vocab_size)`` (``None``: unknown);
             the engine checks batches against it.
         max_seq_len: the longest sequence the model takes (``None``: unknown).
+        bind_eval: ``bind`` for evaluation (dropout off, normalisation from running
+            statistics), what the eval step calls; ``None``: ``bind`` (an adapter whose
+            model takes eval mode from ``rng=None``, as torchbridge's does).
     """
 
     init: Callable[[jax.Array], tuple[Any, Any]]
@@ -48,6 +51,7 @@ class ModelAdapter:
     initial: tuple[Any, Any] | None = None
     vocab_size: int | None = None
     max_seq_len: int | None = None
+    bind_eval: Callable[[Any, Any], Any] | None = None
 
 
 def _axes_of(variable: nnx.Variable) -> tuple | None:
@@ -81,6 +85,13 @@ def _nnx_adapter(graphdef, abs_params, abs_rest, init, initial=None, limits=None
         nnx.replace_by_pure_dict(r, model_state)
         return nnx.merge(graphdef, p, r)
 
+    def bind_eval(params: Any, model_state: Any) -> nnx.Module:
+        # NNX's own switch: every submodule with ``deterministic`` / ``use_running_average``
+        # (Dropout, BatchNorm) set for evaluation; the merged module is fresh per call.
+        model = bind(params, model_state)
+        model.eval()
+        return model
+
     def state_of(module: nnx.Module) -> Any:
         return nnx.to_pure_dict(_split(module)[2])
 
@@ -93,6 +104,7 @@ def _nnx_adapter(graphdef, abs_params, abs_rest, init, initial=None, limits=None
     return ModelAdapter(
         init=init,
         bind=bind,
+        bind_eval=bind_eval,
         state_of=state_of,
         abstract=(shapes(abs_params), shapes(abs_rest)),
         logical_axes=nnx.to_pure_dict(names),

@@ -252,9 +252,10 @@ class Engine:
         """``last_plan.eval_step(loss_fn)`` (see `TrainPlan.eval_step`)."""
         return self._current("eval_step").eval_step(loss_fn)
 
-    def bind(self, state: TrainState) -> Any:
-        """``last_plan.bind(state)``: the model with ``state``'s parameters (compute dtype)."""
-        return self._current("bind").bind(state)
+    def bind(self, state: TrainState, *, evaluation: bool = False) -> Any:
+        """``last_plan.bind(state)``: the model with ``state``'s parameters (compute dtype);
+        ``evaluation=True`` gives it in eval mode (see `TrainPlan.bind`)."""
+        return self._current("bind").bind(state, evaluation=evaluation)
 
     def _batch_checker(self) -> BatchChecker:
         return self._checker if self.last_plan is None else self.last_plan.checker

@@ -182,12 +182,20 @@ class TrainPlan:
         return TrainStep(self, loss_fn)
 
     def eval_step(self, loss_fn: LossFn) -> EvalStep:
-        """A jitted ``(state, batch) -> metrics`` for ``loss_fn`` (no update, no rng)."""
+        """A jitted ``(state, batch) -> metrics`` for ``loss_fn`` (no update, no rng), with
+        the model in eval mode (dropout off, BatchNorm from its running statistics)."""
         return EvalStep(self, loss_fn)
 
-    def bind(self, state: TrainState) -> Any:
-        """The model with ``state``'s parameters, in the compute dtype (for use in jit)."""
-        return self.adapter.bind(self.policy.cast_to_compute(state.params), state.model_state)
+    def bind(self, state: TrainState, *, evaluation: bool = False) -> Any:
+        """The model with ``state``'s parameters, in the compute dtype (for use in jit).
+
+        ``evaluation``: in eval mode (dropout off, BatchNorm from its running statistics),
+        as the eval step runs it; otherwise as built (training mode for NNX modules).
+        """
+        bind = self.adapter.bind
+        if evaluation and self.adapter.bind_eval is not None:
+            bind = self.adapter.bind_eval
+        return bind(self.policy.cast_to_compute(state.params), state.model_state)
 
     # ----------------------------------------------------------------- batches
     def check_batch(self, batch: Any, *, local: bool = False) -> None:

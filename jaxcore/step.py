@@ -239,7 +239,7 @@ class TrainStep:
 def _eval_fn(plan: TrainPlan, loss_fn: LossFn) -> Callable:
     def evaluate(state: TrainState, batch):
         with trace_context.tracing(plan.trace_context()):
-            loss, aux = check_loss_output(loss_fn(plan.bind(state), batch, None))
+            loss, aux = check_loss_output(loss_fn(plan.bind(state, evaluation=True), batch, None))
             aux = dict(aux)
             weight = jnp.asarray(aux.pop("weight", 1.0), jnp.float32)
             return {"loss": jnp.asarray(loss).astype(jnp.float32), **aux, "weight": weight}
@@ -249,6 +249,9 @@ def _eval_fn(plan: TrainPlan, loss_fn: LossFn) -> Callable:
 
 class EvalStep:
     """``evaluate(state, batch) -> metrics``: a plan's jitted eval step (``rng`` is ``None``).
+
+    The model runs in eval mode (`TrainPlan.bind` with ``evaluation=True``): dropout off,
+    BatchNorm from the running statistics the train steps kept.
 
     Metrics carry ``weight`` so that `jaxcore.MeanMetrics` combines batches into the exact
     mean over real tokens, whatever the padding.

@@ -7,6 +7,7 @@ step = engine.train_step(torchbridge.loss(torch.nn.CrossEntropyLoss()))
 
 from __future__ import annotations
 
+import functools
 import warnings
 from collections.abc import Callable
 from typing import Any
@@ -15,9 +16,11 @@ import jax
 import optax
 
 import jaxcore as jc
-from torchbridge.module import BoundModule, from_torch
-from torchbridge.optim import to_optax
+from torchbridge.errors import UnsupportedError
+from torchbridge.module import BoundModule, bridge
+from torchbridge.optim import HostHyperparams, to_optax
 from torchbridge.sharding import linear_rules_on_conv1d
+from torchbridge.step import TorchPlan
 
 
 def prepare(
@@ -28,13 +31,20 @@ def prepare(
     *,
     train: bool | None = None,
     schedule_steps: int | None = None,
+    clip_grad_value: float | None = None,
 ) -> jc.TrainState:
     """Prepare a torch module and its optimizer (torch or optax) on ``engine``.
 
     A torch optimizer (and LR scheduler) is mapped to optax with the same update
     (`torchbridge.to_optax`); the module's current weights become the initial parameters.
     ``train`` is `from_torch`'s: ``True`` trains a module left in eval mode in train mode.
-    ``schedule_steps`` is `to_optax`'s, for a ``LambdaLR`` whose horizon it cannot read.
+    ``schedule_steps`` and ``clip_grad_value`` are `to_optax`'s (a ``LambdaLR`` horizon;
+    ``torch.nn.utils.clip_grad_value_``, which has no ``.grad`` to clip in a bridged loop).
+    The torch optimizer's ``state_dict`` / ``load_state_dict`` then raise: its moments live
+    in the `TrainState` (save and resume with ``jaxcore.Checkpointer``).
+    The engine's train steps then follow the torch loop's host changes between steps:
+    ``param_groups`` values (``group["lr"] = ...``) and ``requires_grad_`` (see
+    `torchbridge.step`).
     """
     misnamed = linear_rules_on_conv1d(module, tuple(engine.config.param_rules))
     if misnamed:
@@ -46,15 +56,46 @@ def prepare(
             stacklevel=2,
         )
     if isinstance(optimizer, optax.GradientTransformation):
+        if clip_grad_value is not None:
+            raise jc.ConfigError(
+                "prepare: clip_grad_value goes with a torch optimizer; for optax, chain "
+                "optax.clip(v) before it."
+            )
         if scheduler is not None:
             raise jc.ConfigError(
                 "prepare: a scheduler goes with a torch optimizer; for optax, pass a "
                 "schedule as its learning rate."
             )
-        tx = optimizer
+        tx, hyperparams = optimizer, None
     else:
-        tx = to_optax(optimizer, module, scheduler, schedule_steps=schedule_steps)
-    return engine.prepare(from_torch(module, train=train), tx)
+        tx = to_optax(
+            optimizer,
+            module,
+            scheduler,
+            schedule_steps=schedule_steps,
+            clip_grad_value=clip_grad_value,
+        )
+        hyperparams = HostHyperparams(optimizer, scheduler)
+        _refuse_state_dicts(optimizer)
+    model = bridge(module, train=train)
+    plan = TorchPlan.of(engine.plan(model.adapter(), tx), model, hyperparams)
+    engine.last_plan = plan
+    return plan.init()
+
+
+def _state_dict_refused(name: str, *args: Any, **kwargs: Any) -> Any:
+    raise UnsupportedError(
+        f"torchbridge: optimizer.{name}() on a prepared optimizer: the bridged run's "
+        "optimizer moments (and weights) live in the TrainState, not in the torch objects, "
+        "so this would save or load none of them. Save and resume with jaxcore.Checkpointer "
+        "(exact), and get the weights with torchbridge.state_dict(state)."
+    )
+
+
+def _refuse_state_dicts(optimizer: Any) -> None:
+    """Make a prepared torch optimizer's (empty) state dicts raise instead of misleading."""
+    for name in ("state_dict", "load_state_dict"):
+        setattr(optimizer, name, functools.partial(_state_dict_refused, name))
 
 
 def loss(

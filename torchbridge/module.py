@@ -279,9 +279,11 @@ class _Usage:
 
 
 _usage = _Usage()
-# Per torch module, the trainable parameters whose optimizer group decays weights (set by
-# `torchbridge.to_optax`): the ones the step warns about when the loss never reads them.
-DECAYED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# Per torch module, the trainable parameters that get no gradient in the step being traced
+# (the loss never read them, or they were frozen with ``requires_grad_(False)`` after
+# prepare): torch's ``.grad`` is None for them, so `torchbridge.to_optax`'s update skips
+# them. Written while the loss traces, read when the optimizer update traces right after.
+NO_GRAD: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _env_lock = threading.Lock()
 _env: Any = None
 
@@ -469,6 +471,9 @@ class BoundModule:
         bridge = self._bridge
         spec, env, root = bridge.spec, bridge.env, bridge.module
         flat_p, flat_s = flatten(self._params), flatten(self._state)
+        frozen = bridge.frozen_now()
+        # A parameter frozen after prepare gets no gradient, as in torch.
+        flat_p = {n: jax.lax.stop_gradient(v) if n in frozen else v for n, v in flat_p.items()}
         tensors = env.j2t_iso({**flat_p, **flat_s})
         for alias, name in spec.aliases.items():
             tensors[alias] = tensors[name]
@@ -482,7 +487,8 @@ class BoundModule:
         _failure.op = None
         if self._used is None:
             self._used = set()
-        usage = _usage.start({id(tensors[n]): n for n in spec.params}, self._used)
+        trained = {id(tensors[n]): n for n in spec.params if n not in frozen}
+        usage = _usage.start(trained, self._used)
         with (
             bridge.lock,
             _mode(root, train, force=bridge.train is True),
@@ -532,7 +538,6 @@ class TorchModel:
         self.env = environment()
         self.spec = ModuleSpec.of(module)
         self.lock = threading.RLock()
-        self.warned_unused = False
         tensors = dict(module.named_parameters())
         tensors.update(module.named_buffers())
         self._check_supported(module)
@@ -558,28 +563,31 @@ class TorchModel:
                     "momentum, e.g. 0.1."
                 )
 
+    def frozen_now(self) -> frozenset[str]:
+        """Trainable parameters (at prepare) that ``requires_grad_(False)`` froze since.
+
+        A parameter frozen at prepare time lives in model_state and cannot start training
+        later, so unfreezing one raises.
+        """
+        params = dict(self.module.named_parameters())
+        thawed = [n for n in self.spec.state if n in params and params[n].requires_grad]
+        if thawed:
+            raise UnsupportedError(
+                f"torchbridge: parameters {thawed[:5]} had requires_grad=False when the "
+                "module was prepared (so they are held as constants) and were unfrozen "
+                "since. Unfreeze them before torchbridge.prepare (with a freshly built "
+                "optimizer) to train them."
+            )
+        return frozenset(n for n in self.spec.params if not params[n].requires_grad)
+
     def state_of(self, bound: BoundModule) -> Any:
-        """The buffers after the loss function ran; warns about decayed, unread parameters.
+        """The buffers after the loss function ran; records the parameters without gradient.
 
         torch's optimizer skips a parameter whose ``.grad`` is None (the loss never read
-        it); the bridged one sees a zero gradient, which leaves it alone except for weight
-        decay.
+        it, or it is frozen); `torchbridge.to_optax`'s update skips the ones recorded here.
         """
-        decayed = DECAYED.get(self.module, frozenset())
-        if bound._used is not None and decayed and not self.warned_unused:
-            unread = [n for n in self.spec.params if n in decayed and n not in bound._used]
-            if unread:
-                self.warned_unused = True
-                more = f" and {len(unread) - 5} more" if len(unread) > 5 else ""
-                warnings.warn(
-                    f"torchbridge: parameters {unread[:5]}{more} take no part in the loss, "
-                    "so they get no gradient. torch's optimizer skips a parameter whose "
-                    ".grad is None, but the bridged one sees a zero gradient and still "
-                    "applies its weight decay, so they shrink every step. Freeze them "
-                    "(p.requires_grad_(False)) or put them in a parameter group with "
-                    "weight_decay=0 before prepare.",
-                    stacklevel=2,
-                )
+        if bound._used is not None:
+            NO_GRAD[self.module] = frozenset(n for n in self.spec.params if n not in bound._used)
         return bound.model_state
 
     def adapter(self) -> jc.ModelAdapter:
@@ -613,10 +621,14 @@ def from_torch(module: Any, *, train: bool | None = None) -> jc.ModelAdapter:
     ``True`` runs training steps in train mode (dropout on, BatchNorm updating) whatever
     the module's flags; ``False`` keeps eval mode on purpose, silently.
     """
+    return bridge(module, train=train).adapter()
+
+
+def bridge(module: Any, *, train: bool | None = None) -> TorchModel:
+    """The `TorchModel` behind `from_torch` (registered for `spec_for`)."""
     model = TorchModel(module, train=train)
-    adapter = model.adapter()
     _REGISTRY[jax.tree.structure(model.initial[0])] = model.spec
-    return adapter
+    return model
 
 
 def spec_for(params: Any) -> ModuleSpec | None:

@@ -28,11 +28,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from torchbridge.errors import UnsupportedError
-from torchbridge.module import DECAYED, ModuleSpec, nest
+from torchbridge.module import NO_GRAD, ModuleSpec, nest
 
 Schedule = Callable[[Any], Any]
 
@@ -262,12 +264,56 @@ def _group_transform(
     )
 
 
+def _torch_name(path: tuple) -> str:
+    """A parameter's torch name from its path in the nested parameter tree."""
+    return ".".join(str(getattr(k, "key", k)) for k in path)
+
+
+def skip_without_grad(
+    inner: optax.GradientTransformation, module: Any
+) -> optax.GradientTransformation:
+    """``inner``, leaving alone the parameters torch's optimizer skips (``.grad`` is None).
+
+    torch steps only parameters that have a gradient: one the loss never reads (or one
+    frozen after prepare) gets no weight decay and keeps its moments. Which ones is known
+    when the step traces (`torchbridge.module.NO_GRAD`, recorded by the loss just before
+    the update traces), so the mask is static and costs nothing when every parameter has
+    a gradient.
+    """
+
+    def update(updates, state, params=None):
+        new_updates, new_state = inner.update(updates, state, params)
+        skipped = NO_GRAD.get(module, frozenset())
+        mask = jax.tree_util.tree_map_with_path(
+            lambda path, _: _torch_name(path) in skipped, updates
+        )
+        if not any(jax.tree.leaves(mask)):
+            return new_updates, new_state
+        shape = jax.tree.structure(updates)
+
+        def keep(new, old):  # per-parameter slots (moments, momentum): the old value
+            if jax.tree.structure(new) != shape:
+                return new
+            return jax.tree.map(lambda n, o, skip: o if skip else n, new, old, mask)
+
+        new_updates = jax.tree.map(
+            lambda u, skip: jnp.zeros_like(u) if skip else u, new_updates, mask
+        )
+        new_state = jax.tree.map(
+            keep, new_state, state, is_leaf=lambda x: jax.tree.structure(x) == shape
+        )
+        return new_updates, new_state
+
+    return optax.GradientTransformation(inner.init, update)
+
+
 def to_optax(
     optimizer: Any,
     module: Any,
     scheduler: Any | None = None,
     *,
     schedule_steps: int | None = None,
+    clip_grad_value: float | None = None,
 ) -> optax.GradientTransformation:
     """The optax transformation with the same update as ``optimizer`` (and ``scheduler``).
 
@@ -275,7 +321,19 @@ def to_optax(
     parameter group (its own lr, weight decay, betas) onto the bridged parameter tree
     through ``optax.multi_transform``. ``schedule_steps`` is how many steps a
     ``LambdaLR`` lambda is evaluated for when its horizon cannot be read from it.
+    ``clip_grad_value`` clips every gradient element to ``[-v, v]`` first, what
+    ``torch.nn.utils.clip_grad_value_(model.parameters(), v)`` before ``step()`` does
+    (the bridged loop has no ``.grad`` for that call to clip).
     """
+    tx = _to_optax(optimizer, module, scheduler, schedule_steps)
+    if clip_grad_value is None:
+        return tx
+    return optax.chain(optax.clip(float(clip_grad_value)), tx)
+
+
+def _to_optax(
+    optimizer: Any, module: Any, scheduler: Any | None, schedule_steps: int | None
+) -> optax.GradientTransformation:
     import torch
 
     if not isinstance(optimizer, torch.optim.Optimizer):
@@ -296,7 +354,6 @@ def to_optax(
     spec = ModuleSpec.of(module)
     by_id = {id(p): n for n, p in module.named_parameters()}
     labels: dict[str, str] = {}
-    decayed: set[str] = set()
     transforms = {}
     for i, group in enumerate(optimizer.param_groups):
         for p in group["params"]:
@@ -306,13 +363,12 @@ def to_optax(
                     "of the module being prepared."
                 )
             labels[by_id[id(p)]] = f"group{i}"
-            if float(group.get("weight_decay", 0.0)):
-                decayed.add(by_id[id(p)])
         lr, beta = (float(group["lr"]), None)
         if scheduler is not None:
             lr, beta = schedule_of(scheduler, i, schedule_steps=schedule_steps)
-        transforms[f"group{i}"] = _group_transform(optimizer, group, lr, beta)
-    DECAYED[module] = frozenset(decayed)
+        transforms[f"group{i}"] = skip_without_grad(
+            _group_transform(optimizer, group, lr, beta), module
+        )
     # Trainable parameters no group holds are not updated (torch would not touch them).
     transforms["frozen"] = optax.set_to_zero()
     label_tree = nest({n: labels.get(n, "frozen") for n in spec.params})
@@ -329,3 +385,80 @@ def label_tree_values(tree: Any) -> set[str]:
             out |= label_tree_values(v)
         return out
     return {tree}
+
+
+# ----------------------------------------------------------------------------- host values
+# torch param_group key -> the injected optax hyperparameters it sets.
+_FED = {
+    "lr": ("learning_rate",),
+    "weight_decay": ("weight_decay",),
+    "momentum": ("momentum",),
+    "betas": ("b1", "b2"),
+    "eps": ("eps",),
+}
+Fed = tuple[tuple[str, str, float], ...]
+
+
+class HostHyperparams:
+    """The torch optimizer's ``param_groups`` values, written into the optax state per step.
+
+    A training loop that sets ``group["lr"]`` (manual warmup) or ``group["weight_decay"]``
+    between steps changes what torch's next ``step()`` uses. The bridged step reads the
+    groups on the host before each call and writes the values into the optimizer state's
+    injected hyperparameters: a traced input, so nothing recompiles. Values a scheduler
+    drives (the learning rate; OneCycleLR's momentum or beta1) come from the schedule.
+    """
+
+    def __init__(self, optimizer: Any, scheduler: Any | None = None):
+        self.optimizer = optimizer
+        self.groups = len(optimizer.param_groups)
+        self.scheduled: set[str] = set()
+        if scheduler is not None:
+            self.scheduled.add("learning_rate")
+            if getattr(scheduler, "cycle_momentum", False):
+                self.scheduled |= {"momentum", "b1"}
+
+    def read(self) -> Fed:
+        """``((label, optax name, value), ...)`` as the parameter groups hold them now."""
+        groups = self.optimizer.param_groups
+        if len(groups) != self.groups:
+            raise UnsupportedError(
+                f"torchbridge: the optimizer has {len(groups)} parameter groups, but it had "
+                f"{self.groups} when prepared (add_param_group after prepare). Add every "
+                "group before torchbridge.prepare."
+            )
+        out = []
+        for i, group in enumerate(groups):
+            for key, names in _FED.items():
+                if key not in group:
+                    continue
+                values = group[key] if len(names) > 1 else (group[key],)
+                for name, value in zip(names, values, strict=True):
+                    if name not in self.scheduled:
+                        out.append((f"group{i}", name, float(value)))
+        return tuple(out)
+
+    def write(self, opt_state: Any, values: Fed) -> Any:
+        """``opt_state`` with ``values`` in its hyperparameters (placed like the old ones)."""
+        by_label: dict[str, dict[str, float]] = {}
+        for label, name, value in values:
+            by_label.setdefault(label, {})[name] = value
+        return _write(opt_state, by_label, "group0")
+
+
+def _write(node: Any, values: dict[str, dict[str, float]], label: str) -> Any:
+    if isinstance(node, optax.MultiTransformState):
+        inner = {k: _write(v, values, k) for k, v in node.inner_states.items()}
+        return node._replace(inner_states=inner)
+    if isinstance(node, optax.InjectStatefulHyperparamsState):
+        hyper = dict(node.hyperparams)
+        for name, value in values.get(label, {}).items():
+            if name in hyper:
+                old = hyper[name]
+                hyper[name] = jax.device_put(np.asarray(value, old.dtype), old.sharding)
+        return node._replace(hyperparams=hyper)
+    if isinstance(node, tuple) and hasattr(node, "_fields"):
+        return node._replace(**{f: _write(getattr(node, f), values, label) for f in node._fields})
+    if isinstance(node, tuple):
+        return tuple(_write(v, values, label) for v in node)
+    return node

@@ -1,0 +1,90 @@
+"""The plan and train step `torchbridge.prepare` leaves on the engine: torch's host side.
+
+A torch training loop changes the run between steps on the host: ``group["lr"] = ...``
+(manual warmup), ``p.requires_grad_(False)``. `TorchTrainStep` applies those before each
+call of the jitted step, which itself is jaxcore's unchanged:
+
+- the optimizer's ``param_groups`` values go into the optax state's injected
+  hyperparameters (`torchbridge.optim.HostHyperparams`), a traced input;
+- a change in which parameters are frozen retraces the step once, so the frozen ones get
+  no gradient and the optimizer skips them (`torchbridge.optim.skip_without_grad`);
+- so does ``model.eval()`` / ``model.train()``: training steps run in the module's mode
+  (dropout off after ``eval()``), as torch's would, unless ``prepare(train=...)`` fixed it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import weakref
+from typing import Any
+
+from jaxcore.plan import TrainPlan
+from jaxcore.state import TrainState
+from jaxcore.step import LossFn, TrainStep, check_live
+from torchbridge.errors import UnsupportedError
+from torchbridge.module import TorchModel
+from torchbridge.optim import Fed, HostHyperparams
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class TorchPlan(TrainPlan):
+    """A `TrainPlan` for a bridged torch module; its train steps are `TorchTrainStep`s.
+
+    Attributes:
+        torch_model: the bridged module.
+        hyperparams: the torch optimizer's values fed per step (``None``: an optax one).
+    """
+
+    torch_model: TorchModel | None = dataclasses.field(default=None, repr=False)
+    hyperparams: HostHyperparams | None = dataclasses.field(default=None, repr=False)
+
+    @classmethod
+    def of(cls, plan: TrainPlan, model: TorchModel, hyperparams: HostHyperparams | None):
+        fields = {f.name: getattr(plan, f.name) for f in dataclasses.fields(TrainPlan)}
+        return cls(**fields, torch_model=model, hyperparams=hyperparams)
+
+    def train_step(self, loss_fn: LossFn) -> TrainStep:
+        """`TrainPlan.train_step`, with the torch optimizer's and module's host changes."""
+        return TorchTrainStep(self, loss_fn)
+
+
+class TorchTrainStep(TrainStep):
+    """A `TrainStep` that first applies what the torch loop changed on the host."""
+
+    def __init__(self, plan: TorchPlan, loss_fn: LossFn):
+        super().__init__(plan, loss_fn)
+        self._fed: Fed = ()
+        self._traced: tuple | None = None  # frozen parameters and modes at the last trace
+
+    def __call__(self, state: TrainState, batch: Any) -> tuple[TrainState, dict]:
+        check_live(state, "train step")
+        self._check_host_changes()
+        hyper = self.plan.hyperparams
+        if hyper is not None:
+            values = hyper.read()
+            own = self._last is not None and self._last() is state
+            changed = tuple(v for v in values if v not in self._fed) if own else values
+            if changed:
+                state = state.replace(opt_state=hyper.write(state.opt_state, changed))
+                if own:  # still this step's own output: no host read of its step counter
+                    self._last = weakref.ref(state)
+            self._fed = values
+        return super().__call__(state, batch)
+
+    def _check_host_changes(self) -> None:
+        """Retrace when ``requires_grad`` or the train/eval modes changed since the trace."""
+        model = self.plan.torch_model
+        frozen = model.frozen_now()
+        if frozen and self.plan.hyperparams is None:
+            raise UnsupportedError(
+                f"torchbridge: parameters {sorted(frozen)[:5]} were frozen "
+                "(requires_grad_(False)) after prepare, and the optax optimizer given to "
+                "prepare would still update them (weight decay, momentum). Freeze them "
+                "before torchbridge.prepare, or prepare with the torch optimizer."
+            )
+        traced = (frozen, tuple(m.training for m in model.module.modules()))
+        if traced == self._traced:
+            return
+        if self._traced is not None:
+            self.jitted.clear_cache()
+        self._traced = traced

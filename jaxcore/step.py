@@ -217,8 +217,10 @@ class TrainStep:
 
     def __call__(self, state: TrainState, batch: Any) -> tuple[TrainState, dict]:
         check_live(state, "train step")
+        own = self._last is not None and state is self._last()
+        state = self.before_step(state, own=own)
         batch = self.plan._as_global(batch, self._checker)
-        if self._monitor is not None and (self._last is None or state is not self._last()):
+        if self._monitor is not None and not own:
             self._host_step = int(state.step)  # a state this step did not make: read once
         new_state, metrics = self.jitted(state, batch)
         self._last = weakref.ref(new_state)
@@ -226,6 +228,15 @@ class TrainStep:
             self._host_step += 1
             self._monitor.record(self._host_step, metrics, new_state)
         return new_state, metrics
+
+    def before_step(self, state: TrainState, *, own: bool) -> TrainState:
+        """The state the jitted step gets; a hook for host-side changes between steps.
+
+        ``own``: ``state`` is the newest one this step returned. The default returns it
+        unchanged; `torchbridge` writes the torch loop's ``param_groups`` values here.
+        """
+        del own
+        return state
 
     def check(self) -> None:
         """Wait for the steps in flight; raise `TrainingDivergedError` if one diverged.

@@ -15,12 +15,10 @@ call of the jitted step, which itself is jaxcore's unchanged:
 from __future__ import annotations
 
 import dataclasses
-import weakref
-from typing import Any
 
 from jaxcore.plan import TrainPlan
 from jaxcore.state import TrainState
-from jaxcore.step import LossFn, TrainStep, check_live
+from jaxcore.step import LossFn, TrainStep
 from torchbridge.errors import UnsupportedError
 from torchbridge.module import TorchModel
 from torchbridge.optim import Fed, HostHyperparams
@@ -56,20 +54,20 @@ class TorchTrainStep(TrainStep):
         self._fed: Fed = ()
         self._traced: tuple | None = None  # frozen parameters and modes at the last trace
 
-    def __call__(self, state: TrainState, batch: Any) -> tuple[TrainState, dict]:
-        check_live(state, "train step")
+    def before_step(self, state: TrainState, *, own: bool) -> TrainState:
+        """Retrace if the module's modes or frozen parameters changed; feed param_groups."""
         self._check_host_changes()
         hyper = self.plan.hyperparams
-        if hyper is not None:
-            values = hyper.read()
-            own = self._last is not None and self._last() is state
-            changed = tuple(v for v in values if v not in self._fed) if own else values
-            if changed:
-                state = state.replace(opt_state=hyper.write(state.opt_state, changed))
-                if own:  # still this step's own output: no host read of its step counter
-                    self._last = weakref.ref(state)
-            self._fed = values
-        return super().__call__(state, batch)
+        if hyper is None:
+            return state
+        values = hyper.read()
+        # Only what changed since the last call, unless the state is not this step's own
+        # output (a restored or re-prepared one): then every value.
+        changed = tuple(v for v in values if v not in self._fed) if own else values
+        self._fed = values
+        if not changed:
+            return state
+        return state.replace(opt_state=hyper.write(state.opt_state, changed))
 
     def _check_host_changes(self) -> None:
         """Retrace when ``requires_grad`` or the train/eval modes changed since the trace."""

@@ -39,7 +39,7 @@ _EXPORTS = {
     "data.pii": ("PIIDetector", "redact_text"),
     "data.pipeline": ("build",),
     "data.records": ("FileRecord", "StageStats"),
-    "data.snapshot": ("diff_versions", "load_manifest", "verify_checksums"),
+    "data.snapshot": ("diff_versions", "load_manifest", "verify_checksums", "verify_manifest"),
     "data.step": ("Step", "chain"),
     "data.tokens": ("open_dataset", "tokenize_snapshot", "train_tokenizer"),
     "data.versions": ("version_key",),

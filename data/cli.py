@@ -1,4 +1,5 @@
-"""Command line: ``python -m data build|diff|optout add|stats|redact`` (or ``jaxcore data``)."""
+"""Command line: ``python -m data build|diff|optout add|stats|verify|redact`` (or
+``jaxcore data``)."""
 
 from __future__ import annotations
 
@@ -32,10 +33,32 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("--date", default="")
     s = sub.add_parser("stats", help="summary of a finished snapshot")
     s.add_argument("version_dir")
+    v = sub.add_parser("verify", help="check a snapshot's files against its manifest.json")
+    v.add_argument("version_dir")
     r = sub.add_parser("redact", help="redact PII in stdin to stdout (the pipeline's defaults)")
     r.add_argument("--lang", default=None, help="the file's language (default: $PII_LANG)")
     r.add_argument("--path", default=None, help="the file's path (default: $PII_PATH)")
     return p
+
+
+def _verify(version_dir: str) -> int:
+    """Print the published files that do not match manifest.json; 1 when any, else 0."""
+    from data.snapshot import load_manifest, verify_manifest
+
+    bad = verify_manifest(version_dir)
+    for path, problem in sorted(bad.items()):
+        print(f"MISMATCH {path}: {problem}")
+    if bad:
+        config = load_manifest(version_dir)["config"]
+        print(
+            f"{len(bad)} file(s) of {version_dir} do not match manifest.json. Fix: rerun "
+            f"`data build` with this version's config (version: {config['version']}); it "
+            "redoes the shards whose files do not match their recorded checksums",
+            file=sys.stderr,
+        )
+        return 1
+    print(f"ok: every file of {version_dir} matches manifest.json")
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -99,9 +122,24 @@ def main(argv: list[str] | None = None) -> int:
             from data.stats import print_stats
 
             print_stats(args.version_dir)
+        elif args.cmd == "verify":
+            return _verify(args.version_dir)
     except DataError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as e:
+        if args.cmd != "build":
+            raise
+        import signal
+
+        signum = getattr(e, "signum", signal.SIGINT)
+        print(
+            f"interrupted ({signal.Signals(signum).name}): finished shards are kept. Fix: "
+            "rerun the same command to resume; the output is the same as an uninterrupted "
+            "build's",
+            file=sys.stderr,
+        )
+        return 128 + signum
     except OSError as e:
         if args.cmd != "build":
             raise

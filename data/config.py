@@ -28,6 +28,31 @@ def _require(cond: bool, field_name: str, problem: str, fix: str) -> None:
         raise DataConfigError(field_name, problem, fix)
 
 
+def _did_you_mean(name: str, choices: list[str]) -> str:
+    """`` (did you mean 'x'?)`` for the closest choice (any case), else empty."""
+    import difflib
+
+    by_lower = {c.lower(): c for c in choices}
+    close = difflib.get_close_matches(name.lower(), list(by_lower), n=1, cutoff=0.6)
+    return f" (did you mean {by_lower[close[0]]!r}?)" if close else ""
+
+
+def _require_languages(field_name: str, names: tuple[str, ...]) -> None:
+    """Language names must be the detector's (linguist spellings): a typo such as
+    ``Yaml`` would match no file and silently switch its filter off."""
+    from data.language import supported_languages
+
+    known = supported_languages()
+    bad = [n for n in names if n not in set(known)]
+    if bad:
+        raise DataConfigError(
+            field_name,
+            f"unknown language {bad[0]!r}{_did_you_mean(bad[0], known)}",
+            "use linguist's spelling (`python -c 'import data; "
+            "print(data.supported_languages())'` lists them)",
+        )
+
+
 @dataclass(frozen=True, kw_only=True)
 class SourceConfig:
     """One input: a directory, a git repository or an archive (or a folder of archives)."""
@@ -162,6 +187,8 @@ class FilterConfig:
         for f in ("min_alpha_fraction", "max_encoded_fraction"):
             v = getattr(self, f)
             _require(0.0 <= v <= 1.0, f"filters.{f}", f"{v} is outside [0, 1]", "use a fraction")
+        _require_languages("filters.data_languages", self.data_languages)
+        _require_languages("filters.exempt_languages", self.exempt_languages)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -331,7 +358,7 @@ def _build(cls: type, raw: Any, where: str) -> Any:
     if unknown:
         raise DataConfigError(
             f"{where}.{unknown[0]}" if where else unknown[0],
-            "unknown key",
+            f"unknown key{_did_you_mean(str(unknown[0]), list(fields))}",
             f"use one of {sorted(fields)}",
         )
     kwargs = {}

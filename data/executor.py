@@ -47,10 +47,25 @@ class LocalPipelineExecutor:
                 ctx.set_forkserver_preload(["data.pipeline"])
                 with ProcessPoolExecutor(min(self.workers, len(shards)), mp_context=ctx) as pool:
                     futures = {pool.submit(fn, config, s): s for s in shards}
-                    for fut in as_completed(futures):
-                        results[futures[fut]] = fut.result()
-                        bar.advance(task)
+                    try:
+                        for fut in as_completed(futures):
+                            results[futures[fut]] = fut.result()
+                            bar.advance(task)
+                    except BaseException:
+                        _stop(pool)
+                        raise
         return [results[s] for s in shards]
+
+
+def _stop(pool: ProcessPoolExecutor) -> None:
+    """Cancel the queued shards and end the running ones now (Ctrl-C, SIGTERM, a failed
+    shard): otherwise leaving the ``with`` block waits for every queued shard, and workers
+    outlive a killed parent. A shard's files and marker are written atomically, so a
+    shard stopped half-way is simply redone by the next run. ``_processes`` is the only
+    handle on the workers before Python 3.14's ``terminate_workers``."""
+    for proc in list((pool._processes or {}).values()):
+        proc.terminate()
+    pool.shutdown(wait=True, cancel_futures=True)
 
 
 class RayPipelineExecutor:

@@ -8,6 +8,7 @@ account for every input.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import posixpath
 import re
@@ -295,11 +296,8 @@ class IngestStep(Step):
                 if rec.drop_stage:
                     yield rec, None
                     continue
-                try:
-                    with open(full, "rb") as fh:
-                        raw = fh.read(self.config.max_file_bytes + 1)
-                except OSError:
-                    rec.drop(self.name, "unreadable")
+                raw = self._read_regular(full, rec)
+                if raw is None:
                     yield rec, None
                     continue
                 if len(raw) > self.config.max_file_bytes:
@@ -309,6 +307,25 @@ class IngestStep(Step):
                 rec.size = len(raw)
                 yield rec, raw
         yield from self._unlistable(unit, root, unlistable)
+
+    def _read_regular(self, full: str, rec: FileRecord) -> bytes | None:
+        """The bytes of ``full`` if it is still a regular file when opened, else None with
+        ``rec`` dropped: a file swapped for a symlink after ``lstat`` is not followed (it
+        may point outside the source), nor a FIFO waited on (a plain open blocks)."""
+        try:
+            fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError as e:
+            rec.drop(self.name, "symlink" if e.errno == errno.ELOOP else "unreadable")
+            return None
+        with os.fdopen(fd, "rb") as fh:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                rec.drop(self.name, "special_file")
+                return None
+            try:
+                return fh.read(self.config.max_file_bytes + 1)
+            except OSError:
+                rec.drop(self.name, "unreadable")
+                return None
 
     def _unlistable(self, unit: RepoUnit, root: Path, errors: list[OSError]) -> Iterator[Entry]:
         """A folder ``os.walk`` could not list becomes an ``unreadable`` drop row."""

@@ -21,6 +21,8 @@ import json
 import logging
 import os
 import shutil
+import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -73,27 +75,44 @@ def _done(path: Path) -> bool:
     return path.exists()
 
 
-def _intact(files: dict[Path, int | None]) -> bool:
-    """Whether each Parquet file opens and holds the row count its marker recorded."""
+def _damage(files: dict[Path, int | None], sums: dict[str, str]) -> str | None:
+    """What is wrong with a marker's files (None when intact): a file that does not open,
+    holds another row count than the marker recorded, or whose bytes no longer hash to the
+    recorded SHA-256 (a flipped byte inside a data page still opens and counts right)."""
     for path, rows in files.items():
         try:
             n = pq.read_metadata(path).num_rows
-        except (OSError, ValueError, pa.ArrowException):
-            return False
+        except (OSError, ValueError, pa.ArrowException) as e:
+            return f"{path} is unreadable ({e})"
         if rows is not None and n != rows:
-            return False
-    return True
-
-
-def _cached(marker: Path, files: Any) -> dict[str, Any] | None:
-    """The marker's result when it exists and its files are intact; None to redo the work."""
-    if not _done(marker):
-        return None
-    result = json.loads(marker.read_text())
-    if _intact(files(result)):
-        return dict(result, skipped=True)
-    log.warning("%s: damaged output of an earlier run; redoing it", marker)
+            return f"{path} holds {n} rows, not the {rows} recorded"
+        want = sums.get(_sum_key(path))
+        if want is not None and sha256_file(path) != want:
+            return f"{path} does not match its recorded sha256 {want[:12]}"
     return None
+
+
+def _cached(marker: Path, files: Any) -> tuple[dict[str, Any] | None, str]:
+    """The marker's result when it exists and its files are intact, else (None, why the
+    work is redone: empty when there is no marker)."""
+    if not _done(marker):
+        return None, ""
+    result = json.loads(marker.read_text())
+    problem = _damage(files(result), result.get("sha256", {}))
+    if problem is None:
+        return dict(result, skipped=True), ""
+    return None, problem
+
+
+def _sum_key(path: Path) -> str:
+    """A marker's name for one of its files: ``shards/part-00000.parquet`` and
+    ``drops/part-00000.parquet`` share a file name."""
+    return f"{path.parent.name}/{path.name}"
+
+
+def _sums(paths: list[Path]) -> dict[str, str]:
+    """SHA-256 of each file a marker covers (checked when a resumed build skips it)."""
+    return {_sum_key(p): sha256_file(p) for p in paths}
 
 
 def _mark(path: Path, payload: dict[str, Any]) -> None:
@@ -189,7 +208,7 @@ def stage1_shard(config: dict[str, Any], shard: int) -> dict[str, Any]:
     cfg = config_from_dict(config)
     marker = _work(cfg) / "stage1" / f"{shard:05d}.done"
     d = _work(cfg) / "stage1"
-    cached = _cached(
+    cached, redo = _cached(
         marker,
         lambda r: {
             d / f"kept-{shard:05d}.parquet": r["kept"],
@@ -248,9 +267,10 @@ def stage1_shard(config: dict[str, Any], shard: int) -> dict[str, Any]:
         "dropped": drops.close(),
         "pii_logged": pii.close(),
         "stats": [s.to_dict() for s in sink],
+        "sha256": _sums([kept.path, drops.path, pii.path, opted.path]),
     }
     _mark(marker, result)
-    return dict(result, skipped=False)
+    return dict(result, skipped=False, redone=redo)
 
 
 def dedup_phase(cfg: BuildConfig) -> dict[str, Any]:
@@ -335,7 +355,7 @@ def stage3_shard(config: dict[str, Any], shard: int) -> dict[str, Any]:
     cfg = config_from_dict(config)
     marker = _work(cfg) / "stage3" / f"{shard:05d}.done"
     vdir = cfg.version_dir
-    cached = _cached(
+    cached, redo = _cached(
         marker,
         lambda r: {
             vdir / "shards" / f"part-{shard:05d}.parquet": r["rows"],
@@ -396,9 +416,17 @@ def stage3_shard(config: dict[str, Any], shard: int) -> dict[str, Any]:
         "languages": languages,
         "licenses": licenses,
         "license_ids": license_ids,
+        "sha256": _sums([out.path, drops.path, _pii_path(vdir, shard)]),
     }
     _mark(marker, result)
-    return dict(result, skipped=False)
+    return dict(result, skipped=False, redone=redo)
+
+
+def _say_redone(phase: str, results: list[dict[str, Any]]) -> None:
+    """Log each shard whose finished output was damaged and has been made again."""
+    for r in results:
+        if r.get("redone"):
+            log.warning("%s: shard %d redone: %s", phase, r["shard"], r["redone"])
 
 
 def _pii_path(vdir: Path, shard: int) -> Path:
@@ -417,8 +445,35 @@ def _sum(dicts: list[dict[str, int]]) -> dict[str, int]:
 
 def build(cfg: BuildConfig) -> dict[str, Any]:
     """Run (or resume) a build; returns the manifest. Writes ``<output_dir>/<version>/``."""
-    with _version_lock(cfg):
+    with _terminate_as_interrupt(), _version_lock(cfg):
         return _build(cfg)
+
+
+class Interrupted(KeyboardInterrupt):
+    """The build was stopped by a signal (SIGINT is Python's own KeyboardInterrupt)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+@contextlib.contextmanager
+def _terminate_as_interrupt():
+    """While a build runs, SIGTERM unwinds it like Ctrl-C: the workers are stopped and the
+    lock released (by default SIGTERM ends this process only and orphans its workers,
+    which keep writing the version). Only the main thread may set handlers."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def raise_interrupted(signum: int, frame: Any) -> None:
+        raise Interrupted(signum)
+
+    previous = signal.signal(signal.SIGTERM, raise_interrupted)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _build(cfg: BuildConfig) -> dict[str, Any]:
@@ -439,6 +494,8 @@ def _build(cfg: BuildConfig) -> dict[str, Any]:
     t0 = time.perf_counter()
     s3 = executor.map(stage3_shard, config, shards, "write shards")
     timings["stage3"] = time.perf_counter() - t0
+    _say_redone("curate shards", s1)
+    _say_redone("write shards", s3)
     stage_stats = merge_stats([[StageStats.from_dict(s) for s in r["stats"]] for r in s1])
     dedup_stats = StageStats.from_dict(dd["stats"])
     dedup_stats.bytes_in = sum(r["bytes"] + r["removed_bytes"] for r in s3)
@@ -500,6 +557,10 @@ def _build(cfg: BuildConfig) -> dict[str, Any]:
         "skipped_shards": {
             "stage1": sum(r.get("skipped", False) for r in s1),
             "stage3": sum(r.get("skipped", False) for r in s3),
+        },
+        "redone_shards": {
+            "stage1": {r["shard"]: r["redone"] for r in s1 if r.get("redone")},
+            "stage3": {r["shard"]: r["redone"] for r in s3 if r.get("redone")},
         },
     }
     (vdir / "report.json").write_text(json.dumps(report, indent=1, sort_keys=True) + "\n")

@@ -339,6 +339,7 @@ DOC_PASSWORDS = frozenset(
         "p@ssw0rd",
         "p@ssword",
         "hunter2",
+        "foobared",  # redis.conf's example requirepass
         "secret",
         "s3cr3t",
         "mysecretpassword",
@@ -522,7 +523,9 @@ def provider_value_ok(value: str) -> bool:
 # -- syntaxes ----------------------------------------------------------------------------
 _Q = r"""(?P<q>["'`])(?P<qv>[^"'`\n]{1,1024})(?P=q)"""
 _BARE = r"""(?P<bv>[^\s"'`<>\[\]{}|]{1,1024})"""
-_VALUE = rf"(?:(?:[bru]|new String\(|String::from\(|[\w.]*getenv\([^)]*,\s*)?{_Q}|{_BARE})"
+# String-literal prefixes: Python/Rust b"" r"" u"", C# @"" $"", Objective-C @"", C++ R"()".
+_PREFIX = r"(?:[bruBRU]{1,2}|@|\$@?|L|u8)"
+_VALUE = rf"(?:(?:{_PREFIX}|new String\(|String::from\(|[\w.]*getenv\([^)]*,\s*)?{_Q}|{_BARE})"
 # The name-bearing syntaxes are matched from the end of a key-like name found by
 # TRIGGER (a literal search on the lowered line), never by scanning every "x = y":
 # name [quote/bracket] sep value: env, INI, YAML, export, properties, JSON, code, XML
@@ -533,9 +536,17 @@ ASSIGN_TAIL = re.compile(
 )
 # Type-annotated constants: Rust `API_KEY: &str = "x"`, TypeScript/Kotlin/Swift/Scala
 # `apiKey: string = "x"`, Python `TOKEN: Final[str] = "x"` (a quoted value only).
-TYPED_TAIL = re.compile(r"""\s*:\s*[\w.<>\[\]?&'| ]{1,40}?\s*=(?!=)\s*""" + _Q)
-# Dockerfile's legacy `ENV NAME value` (no `=`), C's `#define NAME "value"`.
+# VB.NET's `Dim apiKey As String = "x"`.
+TYPED_TAIL = re.compile(
+    r"""(?:\s*:\s*[\w.<>\[\]?&'| ]{1,40}?|\s+As\s+[\w.]{1,40})\s*=(?!=)\s*""" + _PREFIX + "?" + _Q
+)
+# Dockerfile's legacy `ENV NAME value` (no `=`), C's `#define NAME "value"`, fish's
+# `set -gx NAME value`, csh's `setenv NAME value`, Windows' `setx NAME value`.
 ENV_SPACE_TAIL = re.compile(r"[ \t]+" + _VALUE)
+ENV_SPACE_HEAD = re.compile(r"(?:ENV|#define|setx|setenv|set(?:[ \t]+-[a-zA-Z]+)+)[ \t]*")
+# Config-file directives whose value is a password: redis.conf's `requirepass x` and
+# `masterauth x` (the names are not key-like words).
+DIRECTIVE = re.compile(r"[ \t]*(?:requirepass|masterauth)[ \t]+" + _VALUE)
 # Setters: setPassword("x"), password.set("x"), withApiKey("x").
 SETTER_TAIL = re.compile(r"(?:\.set|\.setValue)?\(\s*" + _Q + r"\s*\)")
 # "name", "value" pairs: PHP define(), setenv(), .set("password", ...), env["NAME"] = "...".
@@ -585,12 +596,18 @@ IDENTIFIED_BY = re.compile(
 # Calls that take credentials positionally; name -> index of the password argument
 # (2-argument calls: the second; longer ones: the third: host/url/dsn, user, password).
 LOGIN_CALL = re.compile(
-    r"(?i)(?:\b|_)(?P<fn>login|logon|signin|sign_in|auth|authenticate|"
+    r"(?i)(?:\b|_)(?:set_?)?(?P<fn>login|logon|signin|sign_in|auth|authenticate|"
     r"basicauth|httpbasicauth|httpdigestauth|plainauth|credentials?|"
     r"networkcredential|bind|bind_s|simple_bind|simple_bind_s|connect|"
     r"mysqli_connect|mysql_connect|pg_connect|getconnection|pdo|"
     r"passwordauthentication|usernamepasswordcredentials)\s*\(|"
     r"\bauth\s*=\s*\("
+)
+# SQL's `CREATE USER name PASSWORD 'x'` / `ALTER ROLE name PASSWORD 'x'` (no WITH).
+SQL_USER = re.compile(r"(?i)\b(?:user|role)\s+[\w\"`.@'%-]{1,64}$")
+# Samba tools' `-U user%password`.
+SMB_USER = re.compile(
+    r"""(?<![\w-])(?:-U|--user(?:name)?)(?:=|[ \t]+)["']?[^\s%"']+%(?P<bv>[^\s"']+)"""
 )
 _STR = re.compile(r"""\s*(?:[bru]?(["'])((?:(?!\1).){0,256})\1|([^,()"']*))\s*""")
 
@@ -607,8 +624,11 @@ def _value(m: re.Match[str], query: bool = False) -> tuple[str, int, int, bool] 
     gd = m.groupdict()
     if gd.get("qv") is not None:
         v, start = m.group("qv"), m.start("qv")
-        if v.endswith("\\") and m.string[m.start("q") - 1 : m.start("q")] == "\\":
+        before = m.string[m.start("q") - 1 : m.start("q")]
+        if v.endswith("\\") and before == "\\":
             v = v[:-1]  # \"value\" inside a string literal
+        elif before == "R" and len(v) > 2 and v[0] == "(" and v[-1] == ")":
+            v, start = v[1:-1], start + 1  # C++ raw string R"(value)"
         return v, start, start + len(v), True
     if gd.get("bv") is None:
         return None
@@ -673,6 +693,9 @@ def _line_secrets(text: str, s: int, e: int) -> Iterator[Hit]:
         (IDENTIFIED_BY, "identified"),
         (CLI_POSITIONAL, "htpasswd"),
         (CURL_USER, "curl"),
+        (SMB_USER, "%"),
+        (DIRECTIVE, "requirepass"),
+        (DIRECTIVE, "masterauth"),
     ):
         if needle in low:
             for m in rx.finditer(text, s, e):
@@ -740,7 +763,7 @@ def _named_secrets(text: str, s: int, e: int, low: str) -> Iterator[Hit]:
             in_query = before in ("?", "&")  # ?api_key=x&page=2: the value ends at "&"
             yield from _judge(kind, _value_at(ASSIGN_TAIL, text, b, e, in_query), name)
             yield from _judge(kind, _value_at(TYPED_TAIL, text, b, e), name)
-        if a - s <= 16 and text[s:a].strip() in ("ENV", "#define"):
+        if a - s <= 24 and ENV_SPACE_HEAD.fullmatch(text, s, a):
             yield from _judge(kind, _value_at(ENV_SPACE_TAIL, text, b, e), name)
         yield from _judge(kind, _value_at(SETTER_TAIL, text, b, e), name)
         if before in "\"'":
@@ -751,7 +774,7 @@ def _named_secrets(text: str, s: int, e: int, low: str) -> Iterator[Hit]:
             m = ELEMENT_TAIL.match(text, b, e)
             if m and text.startswith(name + ">", m.end()):
                 yield from _judge(kind, _value(m), name)
-        if _dsl_ok(text, s, a):
+        if before == ":" or _dsl_ok(text, s, a):  # Clojure's {:password "x"}
             yield from _judge(kind, _value_at(DSL_TAIL, text, b, e), name)
 
 
@@ -773,6 +796,7 @@ def _dsl_ok(text: str, line_start: int, start: int) -> bool:
         not before
         or before.endswith(("{", ";", "WITH", "LOGIN", "with", "login"))
         or (before.upper().endswith(("LOGIN", "WITH")))
+        or SQL_USER.search(before) is not None
     )
 
 

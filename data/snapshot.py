@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import fcntl
 import hashlib
 import json
 import os
@@ -212,6 +213,30 @@ def verify_checksums(version_dir: str | Path) -> list[str]:
     return bad
 
 
+def verify_manifest(version_dir: str | Path) -> dict[str, str]:
+    """Published files that do not match ``manifest.json``: relative path -> what is wrong
+    (missing, or the SHA-256 differs); empty when all match. ``manifest.json`` itself is
+    checked against ``checksums.sha256`` when that file lists it."""
+    version_dir = Path(version_dir)
+    manifest = load_manifest(version_dir)
+    bad: dict[str, str] = {}
+    entries = [*manifest["shards"], *manifest["drops"], *manifest["pii_logs"]]
+    sums = version_dir / "checksums.sha256"
+    if sums.is_file():
+        listed = dict(reversed(line.split("  ", 1)) for line in sums.read_text().splitlines())
+        if "manifest.json" in listed:
+            entries.append({"path": "manifest.json", "sha256": listed["manifest.json"]})
+    for entry in entries:
+        p = version_dir / entry["path"]
+        if not p.is_file():
+            bad[entry["path"]] = "missing"
+            continue
+        got = sha256_file(p)
+        if got != entry["sha256"]:
+            bad[entry["path"]] = f"sha256 {got[:12]}..., recorded {entry['sha256'][:12]}..."
+    return bad
+
+
 def load_manifest(version_dir: str | Path) -> dict[str, Any]:
     """Read a snapshot's manifest (raises BuildError when it is not a finished snapshot)."""
     p = Path(version_dir) / "manifest.json"
@@ -270,11 +295,17 @@ def append_changelog(
         )
     entry = "\n".join(lines) + "\n\n"
     log = output_dir / "CHANGELOG.md"
-    text = log.read_text() if log.exists() else "# Dataset changelog\n\n"
-    marker = f"## {version} ("
-    if marker in text:  # a rebuilt version replaces its entry
-        head, _, rest = text.partition(marker)
-        nxt = rest.find("\n## ")
-        text = head + (rest[nxt + 1 :] if nxt >= 0 else "")
-    log.write_text(text + entry)
+    # Versions built in parallel into one output_dir finish in any order: the lock keeps
+    # one's read-modify-write from overwriting the other's entry.
+    with open(output_dir / ".changelog.lock", "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        text = log.read_text() if log.exists() else "# Dataset changelog\n\n"
+        marker = f"## {version} ("
+        if marker in text:  # a rebuilt version replaces its entry
+            head, _, rest = text.partition(marker)
+            nxt = rest.find("\n## ")
+            text = head + (rest[nxt + 1 :] if nxt >= 0 else "")
+        tmp = log.with_name(f"{log.name}.{os.getpid()}.tmp")
+        tmp.write_text(text + entry)
+        os.replace(tmp, log)
     return entry

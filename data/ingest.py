@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import posixpath
 import re
@@ -27,6 +28,8 @@ from data.config import IngestConfig, SourceConfig
 from data.errors import BuildError
 from data.records import FileRecord, StageStats
 from data.step import Step, StepRun
+
+log = logging.getLogger(__name__)
 
 Entry = tuple[FileRecord, bytes | None]
 BUDGET_REASONS = ("archive_budget_exceeded", "compression_ratio_exceeded")
@@ -69,8 +72,10 @@ def plan_units(sources: Iterable[SourceConfig]) -> list[RepoUnit]:
         if src.layout == "repos":
             if not p.is_dir():
                 raise BuildError(f"layout 'repos' needs a directory, got {p}")
+            linked = []
             for child in sorted(p.iterdir()):
-                if child.is_symlink():
+                if child.is_symlink():  # it may point anywhere: not followed
+                    linked.append(child)
                     continue
                 if src.type == "archive" and _is_archive(child):
                     units.append(
@@ -88,6 +93,8 @@ def plan_units(sources: Iterable[SourceConfig]) -> list[RepoUnit]:
                     units.append(
                         RepoUnit(child.name, "dir", str(child), src.stars, _dir_weight(child))
                     )
+            if linked:
+                _warn_linked(p, linked)
         else:
             name = src.name or (_archive_name(p) if src.type == "archive" else p.name)
             weight = (
@@ -105,6 +112,20 @@ def plan_units(sources: Iterable[SourceConfig]) -> list[RepoUnit]:
             "(set sources[].name to tell them apart)"
         )
     return units
+
+
+def _warn_linked(folder: Path, linked: list[Path]) -> None:
+    shown = ", ".join(f"{c.name} -> {os.readlink(c)}" for c in linked[:5])
+    more = f" and {len(linked) - 5} more" if len(linked) > 5 else ""
+    log.warning(
+        "source %s (layout 'repos'): skipped %d symlinked entries (%s%s): a symlink can "
+        "point outside the source, so it is not followed. To include one, list its target "
+        "as a source of its own (layout 'repo').",
+        folder,
+        len(linked),
+        shown,
+        more,
+    )
 
 
 def _archive_name(p: Path) -> str:

@@ -245,7 +245,7 @@ class _Rows:
         parts = []
         pos = begin
         while pos < end:
-            doc = _tokens_of(self.base[int(order[j])])
+            doc = self._document(int(order[j]))
             if cfg.eos_id is not None:
                 doc = np.append(doc, cfg.eos_id)
             offset = pos - int(starts[j])
@@ -255,6 +255,19 @@ class _Rows:
             j += 1
         row = _as_int32(np.concatenate(parts))
         return row, np.ones((self.width,), np.int32)
+
+    def _document(self, index: int) -> np.ndarray:
+        """Document ``index``'s tokens, checked against ``lengths[index]``: the row offsets
+        come from ``lengths``, so a wrong entry would silently repeat or drop tokens (or
+        run past the epoch's last document)."""
+        tokens = _tokens_of(self.base[index])
+        if len(tokens) != self.lengths[index]:
+            raise ConfigError(
+                f"source.lengths[{index}] = {int(self.lengths[index])} but document {index} "
+                f"holds {len(tokens)} tokens; lengths must count each document's tokens (drop "
+                "the source's lengths attribute to have the Loader measure them)."
+            )
+        return tokens
 
     def batch(self, first: int, count: int) -> dict[str, np.ndarray]:
         rows = [self.row(first + i) for i in range(count)]
@@ -319,7 +332,8 @@ class Loader:
         source: a `grain.MapDataset`, a Grain data source (``__len__``/``__getitem__``),
             or a `grain.IterDataset` (streaming). Elements are 1-d token arrays or dicts
             with ``"tokens"``. A random-access source may carry a ``lengths`` array
-            (tokens per document) so packing need not measure every document first.
+            (tokens per document) so packing need not measure every document first;
+            an entry that disagrees with its document raises `ConfigError` when read.
         config: an `InputConfig`.
         sharding: the batch sharding (``engine.batch_sharding``). ``None`` yields the
             whole batch as NumPy arrays in this process (tests, single host tools).

@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import jax
 
 from jaxcore import CheckpointConfig, Checkpointer, ConfigError, Engine
+from rlhf.faults import fault_point
 
 
 def abstract_like(state: Any) -> Any:
@@ -36,6 +37,15 @@ def _host_file(directory: pathlib.Path, step: int) -> pathlib.Path:
     return directory / f"trainer-{step}.json"
 
 
+def role_checkpointer(directory: pathlib.Path) -> Checkpointer:
+    """A synchronous `Checkpointer` that leaves SIGTERM alone: the run's own handler
+    (``jaxcore rlhf``'s or a trial's) decides when to stop. One of its own would replace
+    that handler while it is open and swallow a SIGTERM that arrives during a save."""
+    return Checkpointer(
+        CheckpointConfig(directory=directory, async_save=False, save_on_sigterm=False)
+    )
+
+
 def save_trainer(
     trainer: Any, directory: str | pathlib.Path, *, exclude: Iterable[str] = ()
 ) -> int:
@@ -47,8 +57,9 @@ def save_trainer(
     for name, state in trainer.roles().items():
         if name in skip:
             continue
-        with Checkpointer(CheckpointConfig(directory=directory / name, async_save=False)) as ckpt:
+        with role_checkpointer(directory / name) as ckpt:
             ckpt.save(state, force=True, step=step)
+    fault_point(step, "saving")
     host = {
         "iteration": step,
         "kl_coef": getattr(getattr(trainer, "kl_ctl", None), "value", None),
@@ -104,7 +115,7 @@ def restore_trainer(
     for name, state in trainer.roles().items():
         if name in roles:
             continue
-        with Checkpointer(CheckpointConfig(directory=directory / name, async_save=False)) as ckpt:
+        with role_checkpointer(directory / name) as ckpt:
             roles[name] = ckpt.restore(step, abstract_like(state))
     trainer.set_roles(roles)
     trainer.iteration = host["iteration"]

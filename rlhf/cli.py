@@ -6,9 +6,15 @@ and optimizer state each ``checkpoint_every`` iterations (`rlhf.save_trainer`) a
 started again on the same ``out``, resume from the newest complete checkpoint: metrics
 lines past it are dropped and recomputed, so the file ends as an uninterrupted run's.
 
-``JAXCORE_RLHF_KILL_AT=<iteration>:<point>`` SIGKILLs the process at a named point
-(``before_save``: iteration's metrics written, its checkpoint not begun; ``saved``: its
-checkpoint complete): deterministic fault injection for the resume test.
+SIGTERM (a scheduler's preemption notice) stops a run cleanly: the step in progress
+finishes, a checkpoint of it is saved (SFT, reward and DPO save theirs under
+``<train.out>/resume``; it is removed once the run completes), metrics are flushed, and
+the process exits with `jaxcore.PREEMPTION_EXIT_CODE` (75); running the same command again
+resumes there and ends as an uninterrupted run. Further SIGTERMs change nothing (a save
+in progress is never cut short); a SIGTERM after the last step lets the run finish (0).
+
+``JAXCORE_RLHF_KILL_AT`` / ``JAXCORE_RLHF_TERM_AT`` send SIGKILL / SIGTERM at named
+points (`rlhf.faults`): deterministic fault injection for the resume tests.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import importlib
 import json
 import os
 import pathlib
+import shutil
 import signal
 import sys
 from collections.abc import Callable
@@ -26,20 +33,44 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from jaxcore import ConfigError, JaxcoreError
+from jaxcore import PREEMPTION_EXIT_CODE, ConfigError, JaxcoreError
 from rlhf.checkpoint import write_atomic
 from rlhf.config import STAGES, RunConfig, load_config
+from rlhf.faults import KILL_ENV, TERM_ENV, fault_point
 
 if TYPE_CHECKING:
     from rlhf.checkpoint import TrainerCheckpoints
 
-KILL_ENV = "JAXCORE_RLHF_KILL_AT"
+__all__ = ["KILL_ENV", "TERM_ENV", "SigtermStop", "main", "run_rl", "run_supervised"]
+RESUME_DIR = "resume"  # SFT/reward/DPO preemption checkpoints, apart from the final one
 
 
-def _fault_point(iteration: int, point: str) -> None:
-    """SIGKILL here when ``JAXCORE_RLHF_KILL_AT`` names this iteration and point."""
-    if os.environ.get(KILL_ENV) == f"{iteration}:{point}":
-        os.kill(os.getpid(), signal.SIGKILL)
+class SigtermStop:
+    """While entered, SIGTERM only records a request to stop; the run loops poll it
+    (calling the object) at step boundaries, save and raise `jaxcore.Preempted`. The
+    handler does nothing else, so no step or save is ever cut short, however many
+    SIGTERMs arrive."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._previous: Any = None
+
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        self.count += 1
+
+    def __call__(self) -> bool:
+        return self.count > 0
+
+    def __enter__(self) -> SigtermStop:
+        self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        signal.signal(signal.SIGTERM, self._previous)
+
+
+def _never() -> bool:
+    return False
 
 
 class MetricsLog:
@@ -83,7 +114,21 @@ def load_reward(spec: Any) -> Any:
         raise ConfigError(
             f"rewards: cannot load {spec.fn!r} ({e}); write 'module:function'."
         ) from None
-    return fn(**spec.kwargs) if spec.kwargs else fn
+    if spec.kwargs:
+        try:
+            fn = fn(**spec.kwargs)
+        except (TypeError, ValueError) as e:  # a misspelt or missing parameter, a bad value
+            raise ConfigError(
+                f"rewards: {spec.fn}(**{spec.kwargs}) failed ({type(e).__name__}: {e}); "
+                "kwargs must be the parameters of that factory."
+            ) from None
+    if not callable(fn):
+        got = "returned" if spec.kwargs else "is"
+        raise ConfigError(
+            f"rewards: {spec.fn!r} {got} a {type(fn).__name__}, not a function "
+            "fn(prompt_ids, completion_ids) -> float."
+        )
+    return fn
 
 
 def _engine(cfg: RunConfig) -> Any:
@@ -102,13 +147,17 @@ def run_rl(
     cfg: RunConfig,
     report: Callable[[int, dict[str, float]], bool] | None = None,
     checkpoints: TrainerCheckpoints | None = None,
+    stop_requested: Callable[[], bool] = _never,
 ) -> dict[str, float]:
     """PPO or GRPO for ``train.steps`` iterations, resuming from ``checkpoints`` (default:
     `DirectoryCheckpoints` on ``out/checkpoints``).
 
     ``report(iterations_done, metrics)`` (e.g. a `jaxcore experiment` trial's) is called
     after each iteration; returning True checkpoints and stops the run there.
+    ``stop_requested()`` (a `SigtermStop`) true after an iteration checkpoints it and
+    raises `jaxcore.Preempted`; true before the first, raises it at once (nothing new).
     """
+    from jaxcore import Preempted
     from rlhf.checkpoint import DirectoryCheckpoints
     from rlhf.grpo import GRPOTrainer
     from rlhf.layout import build_roles
@@ -117,7 +166,8 @@ def run_rl(
     from rlhf.tasks import random_prompts, read_jsonl
 
     t, p = cfg.train, cfg.prompts
-    # First, so a bad prompts file or reward.model path fails before anything compiles.
+    # First, so a bad prompts file, reward or reward.model path fails before anything
+    # compiles.
     fixed = None
     if p.path:
         fixed = [r["prompt"] for r in read_jsonl(p.path, ("prompt",), where="prompts.path")]
@@ -126,12 +176,12 @@ def run_rl(
                 f'prompts.path {p.path} holds no prompts; write one {{"prompt": [ids]}} '
                 "a line, or drop path to sample random prompts."
             )
+    rewards = [(load_reward(s), s.weight) for s in cfg.rewards]
     reward_model = None
     if cfg.reward is not None:
         reward_model = load_reward_model(cfg.reward.model, _engine(cfg), cfg.model)
     roles = build_roles(cfg, _optimizer)  # colocated or split, LoRA or full actor
     sampler = roles.sampler
-    rewards = [(load_reward(s), s.weight) for s in cfg.rewards]
     if reward_model is not None:
         rewards.append((reward_model, cfg.reward.weight))
     if cfg.stage == "ppo":
@@ -150,22 +200,33 @@ def run_rl(
     if checkpoints is None:
         checkpoints = DirectoryCheckpoints(out / "checkpoints")
     start = checkpoints.restore(trainer, roles.actor[0])
+    if stop_requested():  # SIGTERM while building or restoring: nothing new to save
+        raise Preempted(start)
     log = MetricsLog(out / "metrics.jsonl", start)
     metrics: dict[str, float] = {}
-    for i in range(start, t.steps):
-        metrics = trainer.step(prompts(i))
-        if reward_model is not None:  # the reward model's own (unweighted) mean score
-            metrics["reward_model_mean"] = float(reward_model.last_scores.mean())
-        log.write(i, metrics)
-        done = i + 1
-        stop = report(done, metrics) if report is not None else False
-        _fault_point(done, "before_save")
-        if stop or (t.checkpoint_every and (done % t.checkpoint_every == 0 or done == t.steps)):
-            checkpoints.save(trainer)
-            _fault_point(done, "saved")
-        if stop:
-            break
-    log.close()
+    try:
+        for i in range(start, t.steps):
+            fault_point(i, "step")
+            metrics = trainer.step(prompts(i))
+            if reward_model is not None:  # the reward model's own (unweighted) mean score
+                metrics["reward_model_mean"] = float(reward_model.last_scores.mean())
+            log.write(i, metrics)
+            done = i + 1
+            stop = report(done, metrics) if report is not None else False
+            fault_point(done, "before_save")
+            scheduled = done == t.steps or (t.checkpoint_every and done % t.checkpoint_every == 0)
+            saved = bool(stop or stop_requested() or scheduled)
+            if saved:
+                checkpoints.save(trainer)
+                fault_point(done, "saved")
+            if stop_requested() and done < t.steps:
+                if not saved:  # the SIGTERM came after the decision to skip this save
+                    checkpoints.save(trainer)
+                raise Preempted(done)
+            if stop:
+                break
+    finally:
+        log.close()
     return metrics
 
 
@@ -248,14 +309,50 @@ def _pair_arrays(records: list[dict], stage: str) -> dict[str, np.ndarray]:
     return out
 
 
-def run_supervised(cfg: RunConfig) -> dict[str, float]:
-    """SFT, reward model or DPO for ``train.steps`` batches; held-out metrics at the end."""
+def _save_state(
+    engine: Any, cfg: RunConfig, directory: pathlib.Path, state: Any, step: int
+) -> None:
+    """``state`` as step ``step`` in ``directory``, recording the stage and model shape."""
     import jaxcore as jc
+    from rlhf.rewards import stage_record
+
+    with jc.Checkpointer(
+        # SIGTERM stays with the run's own handler (`SigtermStop`): see role_checkpointer.
+        jc.CheckpointConfig(directory=directory, async_save=False, save_on_sigterm=False),
+        engine=engine,
+        run_config=stage_record(cfg.stage, cfg.model),  # what reward.model: checks
+    ) as ckpt:
+        fault_point(step, "saving")
+        ckpt.save(state, force=True, step=step)
+
+
+def _resume_state(engine: Any, directory: pathlib.Path, state: Any) -> tuple[Any, int]:
+    """The newest preemption checkpoint in ``directory`` and its step, else ``(state, 0)``."""
+    import jaxcore as jc
+    from rlhf.checkpoint import abstract_like
+
+    if not directory.is_dir():
+        return state, 0
+    config = jc.CheckpointConfig(directory=directory, async_save=False, save_on_sigterm=False)
+    with jc.Checkpointer(config, engine=engine) as ckpt:
+        step = ckpt.latest_step()
+        if step is None:
+            return state, 0
+        return ckpt.restore(step, abstract_like(state)), step
+
+
+def run_supervised(cfg: RunConfig, stop_requested: Callable[[], bool] = _never) -> dict[str, float]:
+    """SFT, reward model or DPO for ``train.steps`` batches; held-out metrics at the end.
+
+    ``stop_requested()`` (a `SigtermStop`) true after a batch saves the state under
+    ``<train.out>/resume`` and raises `jaxcore.Preempted`; a rerun resumes from there.
+    """
+    import jaxcore as jc
+    from jaxcore import Preempted
     from rlhf.dpo import dpo_objective, with_reference
     from rlhf.layout import copy_role
     from rlhf.models import lm_factory, scalar_head_factory
     from rlhf.reward import reward_loss
-    from rlhf.rewards import stage_record
     from rlhf.sft import pack, sft_loss
 
     t, loss = cfg.train, cfg.loss
@@ -291,22 +388,27 @@ def run_supervised(cfg: RunConfig) -> dict[str, float]:
         del reference
     step, evaluate = engine.train_step(loss_fn), engine.eval_step(loss_fn)
     out = pathlib.Path(t.out)
-    log = MetricsLog(out / "metrics.jsonl", 0)
-    for i in range(t.steps):
-        state, metrics = step(state, train_b[i % len(train_b)])
-        log.write(i, {k: v for k, v in metrics.items() if np.ndim(v) == 0})
-    mean = jc.MeanMetrics()
-    for b in held_b:
-        mean.update({k: v for k, v in evaluate(state, b).items() if np.ndim(v) == 0})
-    held_metrics = {"held_out_" + k: float(v) for k, v in mean.compute().items()}
-    log.write(t.steps, held_metrics)
-    log.close()
-    with jc.Checkpointer(
-        jc.CheckpointConfig(directory=out / "checkpoints", async_save=False),
-        engine=engine,
-        run_config=stage_record(cfg.stage, cfg.model),  # what reward.model: checks
-    ) as ckpt:
-        ckpt.save(state, force=True, step=t.steps)
+    state, start = _resume_state(engine, out / RESUME_DIR, state)  # after DPO's reference
+    if stop_requested():  # SIGTERM while building or restoring: nothing new to save
+        raise Preempted(start)
+    log = MetricsLog(out / "metrics.jsonl", start)
+    try:
+        for i in range(start, t.steps):
+            fault_point(i, "step")
+            state, metrics = step(state, train_b[i % len(train_b)])
+            log.write(i, {k: v for k, v in metrics.items() if np.ndim(v) == 0})
+            if stop_requested() and i + 1 < t.steps:
+                _save_state(engine, cfg, out / RESUME_DIR, state, i + 1)
+                raise Preempted(i + 1)
+        mean = jc.MeanMetrics()
+        for b in held_b:
+            mean.update({k: v for k, v in evaluate(state, b).items() if np.ndim(v) == 0})
+        held_metrics = {"held_out_" + k: float(v) for k, v in mean.compute().items()}
+        log.write(t.steps, held_metrics)
+    finally:
+        log.close()
+    _save_state(engine, cfg, out / "checkpoints", state, t.steps)
+    shutil.rmtree(out / RESUME_DIR, ignore_errors=True)  # the final checkpoint supersedes it
     return held_metrics
 
 
@@ -317,15 +419,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="override train.out")
     parser.add_argument("--steps", type=int, help="override train.steps")
     args = parser.parse_args(argv)
+    from jaxcore import Preempted
+
     try:
         cfg = load_config(args.stage, args.config)
         overrides = {k: v for k, v in (("out", args.out), ("steps", args.steps)) if v is not None}
         if overrides:
             cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, **overrides))
-        final = run_rl(cfg) if cfg.stage in ("ppo", "grpo") else run_supervised(cfg)
+        with SigtermStop() as stop:
+            if cfg.stage in ("ppo", "grpo"):
+                final = run_rl(cfg, stop_requested=stop)
+            else:
+                final = run_supervised(cfg, stop_requested=stop)
     except JaxcoreError as e:
         print(f"jaxcore rlhf {args.stage}: {e}", file=sys.stderr)
         return 2
+    except Preempted as e:  # SIGTERM: the step's checkpoint is saved
+        print(
+            f"jaxcore rlhf {args.stage}: SIGTERM: stopped after {e.step} of "
+            f"{cfg.train.steps} steps, metrics in {cfg.train.out}/metrics.jsonl; run the "
+            f"same command again to resume at step {e.step}. Exit code "
+            f"{PREEMPTION_EXIT_CODE}.",
+            file=sys.stderr,
+        )
+        return PREEMPTION_EXIT_CODE
     summary = {k: round(v, 4) for k, v in final.items()}
     print(f"jaxcore rlhf {args.stage}: done, {summary}; metrics in {cfg.train.out}/metrics.jsonl")
     return 0

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import pathlib
+import traceback
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -82,7 +83,8 @@ def load_reward_model(
     contents = sorted(p.name for p in path.iterdir())
     if not ckpt_dir.is_dir():
         raise _no_reward_model(path, f"no checkpoints/ directory; found {contents}")
-    with Checkpointer(CheckpointConfig(directory=ckpt_dir, async_save=False)) as ckpt:
+    config = CheckpointConfig(directory=ckpt_dir, async_save=False, save_on_sigterm=False)
+    with Checkpointer(config) as ckpt:  # SIGTERM stays with the run (role_checkpointer)
         step = ckpt.latest_step()
         if step is None:
             raise _no_reward_model(path, "checkpoints/ holds no finished step")
@@ -126,7 +128,23 @@ def as_weighted(rewards: Any) -> list[tuple[Any, float]]:
 
 
 class RewardError(JaxcoreError, ValueError):
-    """A reward came back NaN or infinite (it would train the policy on NaN)."""
+    """A reward came back NaN or infinite (it would train the policy on NaN), or raised."""
+
+
+def _call(fn: Any, prompt: list[int], completion: list[int], i: int) -> float:
+    """``fn(prompt, completion)`` as a float; an exception it raises becomes a
+    `RewardError` naming the reward, the sequence and where it raised (the CLI prints
+    only the message, and which completion broke the function is what a fix needs)."""
+    try:
+        value = fn(prompt, completion)
+    except Exception as e:
+        frame = traceback.extract_tb(e.__traceback__)[-1]
+        raise RewardError(
+            f"reward {getattr(fn, '__name__', repr(fn))} raised {type(e).__name__}: {e} (at "
+            f"{frame.filename}:{frame.lineno}) for sequence {i} (prompt {prompt}, completion "
+            f"{completion}); make it return a float for every completion."
+        ) from e
+    return _as_float(fn, value, i)
 
 
 def _as_float(fn: Any, value: Any, i: int) -> float:
@@ -170,7 +188,7 @@ def score_rollout(rewards: list[tuple[Any, float]], rollout: Rollout) -> np.ndar
         else:
             values = np.array(
                 [
-                    _as_float(fn, fn(p, c), i)
+                    _call(fn, p, c, i)
                     for i, (p, c) in enumerate(zip(prompts, rollout.completions, strict=True))
                 ],
                 np.float32,

@@ -10,6 +10,7 @@ packing); pack with ``pack=False`` to keep one example per row.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -17,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxcore import BatchError, ConfigError
+from jaxcore import BatchError, ConfigError, load_tokenizer
 
 SFT_KEYS = ("tokens", "loss_mask", "positions")
 
@@ -27,7 +28,19 @@ def chat_example(
 ) -> tuple[list[int], list[int]]:
     """``(prompt_ids, completion_ids)`` from chat messages: every message but the last,
     rendered by the tokenizer's chat template with the generation prompt, and the last
-    (assistant) message's content as the completion."""
+    (assistant) message's content as the completion.
+
+    ``tokenizer``: an object with ``apply_chat_template`` (returning text) and ``encode``,
+    or anything `jaxcore.load_tokenizer` takes (a ``tokenizer.json`` path or its folder, a
+    ``tokenizers`` or ``transformers`` fast tokenizer): those are loaded with it, so the
+    template renders to text and no special token is added to the completion.
+    """
+    if (
+        isinstance(tokenizer, str | os.PathLike)
+        or not hasattr(tokenizer, "apply_chat_template")
+        or hasattr(tokenizer, "backend_tokenizer")
+    ):
+        tokenizer = load_tokenizer(tokenizer)
     if not messages or messages[-1].get("role") != "assistant":
         raise ConfigError(
             "chat_example: the last message must be the assistant's answer to train on "

@@ -31,16 +31,24 @@ def _epoch_rows(loader: Loader, epoch: int, batch: int) -> np.ndarray:
     return np.stack(rows)
 
 
-def _order_read_back(flat: np.ndarray) -> list[int]:
-    """Documents in the order their tokens appear (each must be contiguous)."""
+def _order_read_back(flat: np.ndarray, sizes: list[int]) -> list[int]:
+    """Documents in the order their tokens appear (each must be contiguous). An ``EOS``
+    with no tokens before it is an empty document: any of them, they are all ``[EOS]``."""
+    empty = [d for d, size in enumerate(sizes) if size == 0]
     order: list[int] = []
+    current = None  # the document whose tokens are being read
     for t in flat.tolist():
         if t == EOS:
+            if current is None:
+                order.append(empty.pop(0))
+            current = None
             continue
         doc = t // 1000 - 1
-        if not order or order[-1] != doc:
+        if doc != current:
+            assert current is None or not order or order[-1] == current
             assert doc not in order, f"document {doc} appears twice in one epoch"
             order.append(doc)
+            current = doc
     return order
 
 
@@ -73,7 +81,7 @@ def test_packed_epochs_equal_the_reference_packing(sizes, seq_len, batch, eos, s
     for epoch in range(2):
         rows = _epoch_rows(loader, epoch, batch)
         flat = rows.ravel()
-        order = _order_read_back(flat)
+        order = _order_read_back(flat, sizes)
         # Documents the rows never reached (empty ones, or past the last full row) follow
         # in an unknown order; the reference only needs the ones that were read.
         if not shuffle:

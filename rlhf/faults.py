@@ -1,0 +1,25 @@
+"""Deterministic fault injection for the resume tests of ``jaxcore rlhf``.
+
+``JAXCORE_RLHF_KILL_AT`` and ``JAXCORE_RLHF_TERM_AT`` hold comma-separated
+``<iteration>:<point>`` entries; at each named point the process sends itself SIGKILL
+(a crash) or SIGTERM (a preemption notice). Points: ``step`` (iteration ``i`` about to
+run), ``before_save`` (iteration's metrics written, its checkpoint not begun), ``saving``
+(inside the save: roles written, the step not yet marked complete), ``saved`` (checkpoint
+complete). For SFT, reward and DPO the iteration is the batch index.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+KILL_ENV = "JAXCORE_RLHF_KILL_AT"
+TERM_ENV = "JAXCORE_RLHF_TERM_AT"
+
+
+def fault_point(iteration: int, point: str) -> None:
+    """Signal this process when an injection variable names this iteration and point."""
+    here = f"{iteration}:{point}"
+    for env, sig in ((KILL_ENV, signal.SIGKILL), (TERM_ENV, signal.SIGTERM)):
+        if here in os.environ.get(env, "").split(","):
+            os.kill(os.getpid(), sig)

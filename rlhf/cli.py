@@ -131,6 +131,55 @@ def load_reward(spec: Any) -> Any:
     return fn
 
 
+RUN_RECORD = "run.json"  # the settings a ``train.out`` folder's run was started with
+# Settings that leave the result as it was: more steps extend the run, and checkpoint
+# cadence, device layout and the sampler's slots do not change the arithmetic.
+_FREE = {"train.steps", "train.out", "train.checkpoint_every", "parallel", "serving", "split"}
+
+
+def _settings(cfg: RunConfig) -> dict[str, Any]:
+    """``cfg`` as flat ``section.key -> value`` JSON, without the settings in `_FREE`."""
+    flat: dict[str, Any] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if prefix in _FREE:
+            return
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(f"{prefix}.{k}" if prefix else str(k), v)
+        else:
+            flat[prefix] = value
+
+    walk("", json.loads(json.dumps(dataclasses.asdict(cfg), default=str)))
+    return flat
+
+
+def check_out(cfg: RunConfig) -> None:
+    """Refuse a ``train.out`` folder that holds a run started with other settings:
+    resuming it (or keeping its final checkpoint) would leave a model of the old
+    settings, or one trained partly under each. Reads only (see `_record_settings`)."""
+    record = pathlib.Path(cfg.train.out) / RUN_RECORD
+    if not record.is_file():
+        return
+    mine, theirs = _settings(cfg), json.loads(record.read_text())
+    changed = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
+    if changed:
+        shown = "; ".join(f"{k}: {theirs.get(k)!r} -> {mine.get(k)!r}" for k in changed[:5])
+        raise ConfigError(
+            f"train.out {cfg.train.out} holds a run started with other settings ({shown}). "
+            "Resuming it would mix the two. Pass another --out (or train.out) for the new "
+            "settings, or delete the folder to start over."
+        )
+
+
+def _record_settings(cfg: RunConfig, out: pathlib.Path) -> None:
+    """Write ``out``'s `RUN_RECORD` when the run starts training (kept on reruns)."""
+    record = out / RUN_RECORD
+    if not record.is_file():
+        out.mkdir(parents=True, exist_ok=True)
+        write_atomic(record, json.dumps(_settings(cfg), indent=1, sort_keys=True) + "\n")
+
+
 def _engine(cfg: RunConfig) -> Any:
     import jaxcore as jc
 
@@ -202,6 +251,7 @@ def run_rl(
     start = checkpoints.restore(trainer, roles.actor[0])
     if stop_requested():  # SIGTERM while building or restoring: nothing new to save
         raise Preempted(start)
+    _record_settings(cfg, out)
     log = MetricsLog(out / "metrics.jsonl", start)
     metrics: dict[str, float] = {}
     try:
@@ -391,6 +441,7 @@ def run_supervised(cfg: RunConfig, stop_requested: Callable[[], bool] = _never) 
     state, start = _resume_state(engine, out / RESUME_DIR, state)  # after DPO's reference
     if stop_requested():  # SIGTERM while building or restoring: nothing new to save
         raise Preempted(start)
+    _record_settings(cfg, out)
     log = MetricsLog(out / "metrics.jsonl", start)
     try:
         for i in range(start, t.steps):
@@ -426,6 +477,7 @@ def main(argv: list[str] | None = None) -> int:
         overrides = {k: v for k, v in (("out", args.out), ("steps", args.steps)) if v is not None}
         if overrides:
             cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, **overrides))
+        check_out(cfg)
         with SigtermStop() as stop:
             if cfg.stage in ("ppo", "grpo"):
                 final = run_rl(cfg, stop_requested=stop)

@@ -281,6 +281,10 @@ LOCKFILE = re.compile(
     r"(?:^|/)(?:[\w.-]+\.lock|package-lock\.json|go\.sum|"
     r"pnpm-lock\.yaml|npm-shrinkwrap\.json)$"
 )
+# PostgreSQL password files: ``host:port:database:user:password`` per line, ``\:`` and
+# ``\\`` escaped; the password is everything after the fourth unescaped colon.
+PGPASS_FILE = re.compile(r"(?:^|/)(?:\.pgpass|pgpass\.conf)$")
+PGPASS_LINE = re.compile(r"(?m)^(?!#)(?:(?:[^:\\\n]|\\.)*:){4}((?:[^\\\n]|\\.)+)$")
 IMAGE_LINE = re.compile(r"(?i)image|\bfrom\b|docker|container|\btag")
 OID_LINE = re.compile(r"(?i)\boid|object identifier|::=|\basn|\bsnmp|\bmib\b|arc\b")
 
@@ -331,9 +335,15 @@ class PIIDetector:
         self.types = set(self.config.types)
 
     # -- detection -------------------------------------------------------------------
-    def find(self, text: str) -> list[Finding]:
-        """All non-overlapping findings, in text order."""
+    def find(self, text: str, path: str = "") -> list[Finding]:
+        """All non-overlapping findings, in text order (``path``: a file name that says
+        where secrets sit, as a ``.pgpass`` does)."""
         found: list[Finding] = []
+        if "password" in self.types and path and PGPASS_FILE.search(path):
+            found += [
+                Finding("password", m.start(1), m.end(1), m.group(1))
+                for m in PGPASS_LINE.finditer(text)
+            ]
         low = text.lower()
         # lower() only ever lengthens a string (e.g. "İ"); equal length = same offsets.
         self._low: str | None = low if len(low) == len(text) else None
@@ -564,7 +574,7 @@ class PIIDetector:
         in a /16, a 4-digit PIN) is reversed by enumeration in seconds; an HMAC whose key
         stays out of the dataset is not. ``path``: lockfiles hold digests, not keys.
         """
-        findings = self.find(text)
+        findings = self.find(text, path)
         if path and LOCKFILE.search(path):
             findings = [f for f in findings if f.kind != "key"]
         if not findings:

@@ -550,7 +550,8 @@ DIRECTIVE = re.compile(r"[ \t]*(?:requirepass|masterauth)[ \t]+" + _VALUE)
 # Setters: setPassword("x"), password.set("x"), withApiKey("x").
 SETTER_TAIL = re.compile(r"(?:\.set|\.setValue)?\(\s*" + _Q + r"\s*\)")
 # "name", "value" pairs: PHP define(), setenv(), .set("password", ...), env["NAME"] = "...".
-PAIR_TAIL = re.compile(r"""["']\s*(?:,|\]\s*=)\s*""" + _Q)
+# Kotlin's mapOf("password" to "x").
+PAIR_TAIL = re.compile(r"""["']\s*(?:,|\]\s*=|to(?=\s))\s*""" + _Q)
 # Gradle/Groovy DSL, SQL "PASSWORD 'x'": a name, spaces, then a quoted value.
 DSL_TAIL = re.compile(r"[ \t]+" + _Q)
 # Command-line flags: --password x, --token=x, -Password x.
@@ -605,6 +606,10 @@ LOGIN_CALL = re.compile(
 )
 # SQL's `CREATE USER name PASSWORD 'x'` / `ALTER ROLE name PASSWORD 'x'` (no WITH).
 SQL_USER = re.compile(r"(?i)\b(?:user|role)\s+[\w\"`.@'%-]{1,64}$")
+# PowerShell: ConvertTo-SecureString "x" -AsPlainText (a plain-text password made secure).
+SECURE_STRING = re.compile(
+    r"(?i)\bConvertTo-SecureString\s+(?:-String\s+)?" + _Q + r"(?=[^\n]*-AsPlainText)"
+)
 # Samba tools' `-U user%password`.
 SMB_USER = re.compile(
     r"""(?<![\w-])(?:-U|--user(?:name)?)(?:=|[ \t]+)["']?[^\s%"']+%(?P<bv>[^\s"']+)"""
@@ -612,7 +617,12 @@ SMB_USER = re.compile(
 _STR = re.compile(r"""\s*(?:[bru]?(["'])((?:(?!\1).){0,256})\1|([^,()"']*))\s*""")
 
 
-_CALL_LIKE = re.compile(r"^[\w.:]+\(|^\w+(?:(?:\.|::)\w+)+$")
+# A call, a dotted name, or a PowerShell cmdlet (`$pw = ConvertTo-SecureString ...`).
+_CALL_LIKE = re.compile(
+    r"^[\w.:]+\(|^\w+(?:(?:\.|::)\w+)+$|"
+    r"^(?:Get|Set|New|Read|Invoke|ConvertTo|ConvertFrom|Import|Export|Join|Out|Format)"
+    r"-[A-Z][A-Za-z]+$"
+)
 
 
 def _value(m: re.Match[str], query: bool = False) -> tuple[str, int, int, bool] | None:
@@ -696,6 +706,7 @@ def _line_secrets(text: str, s: int, e: int) -> Iterator[Hit]:
         (SMB_USER, "%"),
         (DIRECTIVE, "requirepass"),
         (DIRECTIVE, "masterauth"),
+        (SECURE_STRING, "convertto-securestring"),
     ):
         if needle in low:
             for m in rx.finditer(text, s, e):

@@ -9,7 +9,7 @@ server for jaxcore models.
 from inference.batching import Scheduler
 from inference.config import ServingConfig
 from inference.engine import SlotEngine
-from inference.llm import LLM, Completion
+from inference.llm import LLM, ClosedError, Completion
 from inference.quantize import QuantizedWeight, quantize_weights, smooth_weights
 from inference.request import QueueFullError, Request, RequestError
 from inference.sampling import SamplingParams, sample_tokens
@@ -25,6 +25,7 @@ from inference.weights import (
 __all__ = [
     "LLM",
     "ByteTokenizer",
+    "ClosedError",
     "Completion",
     "QuantizedWeight",
     "QueueFullError",

@@ -62,14 +62,40 @@ class Histogram:
         return out
 
 
-class Scheduler:
-    """Owns a `SlotEngine` and runs requests on it from a background thread."""
+def _eos_ids(tokenizer: Tokenizer, model_ids: Sequence[int], vocab: int) -> tuple[int, ...]:
+    """The tokenizer's EOS and the model's (its generation config's), as transformers'
+    ``generate`` stops at any of them; a model id outside the vocabulary is a config
+    error (it would fail every dispatch)."""
+    bad = [t for t in model_ids if not 0 <= t < vocab]
+    if bad:
+        raise jc.ConfigError(
+            f"end-of-sequence ids {bad} are outside this model's vocabulary [0, {vocab}); "
+            "correct eos_token_id in its generation_config.json (or config.json)."
+        )
+    own = () if tokenizer.eos_id is None else (tokenizer.eos_id,)
+    return tuple(dict.fromkeys((*own, *model_ids)))
 
-    def __init__(self, engine: SlotEngine, tokenizer: Tokenizer, *, queue_size: int = 256):
+
+class Scheduler:
+    """Owns a `SlotEngine` and runs requests on it from a background thread.
+
+    ``eos_ids``: the model's end-of-sequence ids (a Hugging Face ``generation_config.json``
+    may list several); they end a request as the tokenizer's EOS does.
+    """
+
+    def __init__(
+        self,
+        engine: SlotEngine,
+        tokenizer: Tokenizer,
+        *,
+        queue_size: int = 256,
+        eos_ids: Sequence[int] = (),
+    ):
         if queue_size < 1:
             raise jc.ConfigError(f"queue_size={queue_size!r}: must be >= 1.")
         self.engine = engine
         self.tokenizer = tokenizer
+        self.eos_ids = _eos_ids(tokenizer, eos_ids, engine.model_config.vocab_size)
         self.queue_size = queue_size
         self._queue: collections.deque[Request] = collections.deque()
         self._queue_lock = threading.Lock()
@@ -207,7 +233,7 @@ class Scheduler:
         """
         for prompt, params in work:
             self.validate(prompt, params)
-        requests = [Request(p, s, self.tokenizer, on_update) for p, s in work]
+        requests = [Request(p, s, self.tokenizer, on_update, eos_ids=self.eos_ids) for p, s in work]
         with self._queue_lock:
             waiting = len(self._queue)
             if waiting and waiting + len(requests) > self.queue_size:

@@ -11,18 +11,25 @@ steps the scheduler itself, so nothing runs in the background unless `start()` i
 from __future__ import annotations
 
 import dataclasses
+import threading
+import warnings
 from typing import Any
 
 import numpy as np
 
-from inference.batching import Scheduler, run_to_completion
+import jaxcore as jc
+from inference.batching import Scheduler
 from inference.config import ServingConfig
 from inference.engine import SlotEngine
 from inference.request import Request, RequestError
 from inference.sampling import SamplingParams
-from inference.tokenizer import Tokenizer, load_tokenizer
-from inference.weights import resolve_model
+from inference.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
+from inference.weights import REGISTRY, resolve_model
 from jaxcore.models import TransformerConfig
+
+
+class ClosedError(jc.JaxcoreError, RuntimeError):
+    """The `LLM` was closed: it takes no more work."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,8 +80,9 @@ class LLM:
             path, a `TrainState` or a params dict (the last two with ``config=``).
         config: the `TransformerConfig` when ``model`` carries none.
         engine: slots, buckets, dtype, quantization and mesh (`ServingConfig`).
-        tokenizer: a tokenizer object, a ``tokenizer.json`` path or folder (a ``str`` is
-            always a path), or ``None``: the model source's tokenizer, else bytes.
+        tokenizer: a tokenizer object, a ``tokenizer.json`` path or folder, or a
+            SentencePiece ``tokenizer.model`` (a ``str`` is always a path), or ``None``:
+            the model source's tokenizer, else bytes.
         calibration: texts or token-id arrays for ``quantize='int8-smooth'``.
         queue_size: waiting requests before `QueueFullError`.
         seed: initialisation seed for registry names.
@@ -94,6 +102,16 @@ class LLM:
         resolved = resolve_model(model, config=config, seed=seed)
         cfg, params = resolved.config, resolved.params
         self.tokenizer = load_tokenizer(tokenizer or resolved.tokenizer_path)
+        named = isinstance(model, str) and model in REGISTRY  # random demo weights
+        if isinstance(self.tokenizer, ByteTokenizer) and cfg.vocab_size > 256 + 8 and not named:
+            # A few ids past 256 are special tokens of a byte model; many are not bytes.
+            warnings.warn(
+                f"LLM: the model's vocabulary has {cfg.vocab_size} ids but no tokenizer was "
+                "given or found next to it (tokenizer.json / tokenizer.model), so text is "
+                "encoded as UTF-8 bytes (ids 0-255), which this model was not trained on. "
+                "Pass tokenizer= (a tokenizer.json, tokenizer.model or their folder).",
+                stacklevel=2,
+            )
         batches = None
         if calibration:
             batches = [
@@ -103,19 +121,36 @@ class LLM:
                 for c in calibration
             ]
         self.engine = SlotEngine(cfg, params, engine, calibration=batches)
-        self.scheduler = Scheduler(self.engine, self.tokenizer, queue_size=queue_size)
+        self.scheduler = Scheduler(
+            self.engine, self.tokenizer, queue_size=queue_size, eos_ids=resolved.eos_token_ids
+        )
         self.config = cfg
+        self.closed = False
+        self._stepping = threading.Lock()  # held by whoever steps the scheduler by hand
 
     # ----------------------------------------------------------------- lifecycle
     def start(self) -> LLM:
         """Run the scheduler thread (needed for concurrent `submit` callers)."""
-        self.scheduler.start()
+        self._check_open("start")
+        with self._stepping:  # not while a caller is stepping it by hand
+            self.scheduler.start()
         return self
 
     def close(self) -> None:
+        """Stop the scheduler (waiting requests end ``cancelled``); later calls raise
+        `ClosedError` instead of quietly stepping the scheduler. Closing twice is harmless."""
+        self.closed = True
         self.scheduler.stop()
 
+    def _check_open(self, what: str) -> None:
+        if self.closed:
+            raise ClosedError(
+                f"LLM.{what}: this LLM was closed (close() or the end of its with block); "
+                "create a new LLM(...) to generate again."
+            )
+
     def __enter__(self) -> LLM:
+        self._check_open("__enter__")
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -135,6 +170,7 @@ class LLM:
         Prompts are tokenized with the tokenizer's special tokens (a BOS), as transformers'
         ``tokenizer(text)`` and the server's ``/v1/completions`` do.
         """
+        self._check_open("generate")
         params = self._params(sampling, fields)
         prompts = _texts(prompt)
         work = [(self._encode(p), params) for p in prompts]
@@ -148,13 +184,25 @@ class LLM:
         return self.tokenizer.encode(text, add_special_tokens=True)
 
     def _run(self, work: list[tuple[list[int], SamplingParams]]) -> list[Request]:
-        if self.scheduler.alive:
-            return [h.wait() for h in self.scheduler.submit_many(work)]
-        return run_to_completion(self.scheduler, work)
+        """Submit ``work`` and wait; without the scheduler thread, step it here.
+
+        Callers on several threads take turns stepping under ``_stepping`` (each step
+        advances every caller's requests, so they still batch): two unguarded steps at
+        once reused donated device buffers, failing requests and mixing up tokens.
+        """
+        handles = self.scheduler.submit_many(work)
+        while not all(h.done for h in handles):
+            with self._stepping:
+                if self.scheduler.alive:  # start() ran meanwhile: its thread steps now
+                    break
+                if not all(h.done for h in handles):
+                    self.scheduler.step()
+        return [h.wait() for h in handles]
 
     def score(self, text: str) -> list[float]:
         """log p of each token of ``text`` given the ones before, tokenized as `generate`
         does (special tokens included; the first token has none)."""
+        self._check_open("score")
         params = SamplingParams(max_tokens=0, prompt_logprobs=0)
         (r,) = self._run([(self._encode(text), params)])
         return list(r.prompt_logprobs)

@@ -8,7 +8,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -45,7 +45,8 @@ class Request:
     The scheduler thread appends tokens; other threads read `text`, wait with `wait()`
     or get called back through ``on_update(request, finished)`` after every token.
     ``done`` is already true when the final callback runs, so a waiter woken by it
-    always sees the end.
+    always sees the end. ``eos_ids`` are the ids that end it unless ``ignore_eos``
+    (``None``: the tokenizer's EOS).
     """
 
     _ids = itertools.count()
@@ -56,12 +57,17 @@ class Request:
         params: SamplingParams,
         tokenizer: Tokenizer,
         on_update: Callable[[Request, bool], None] | None = None,
+        *,
+        eos_ids: Sequence[int] | None = None,
     ):
         self.id = next(Request._ids)
         self.prompt = list(prompt)
         self.params = params
         self.tokenizer = tokenizer
         self.on_update = on_update
+        if eos_ids is None:
+            eos_ids = () if tokenizer.eos_id is None else (tokenizer.eos_id,)
+        self.eos_ids = tuple(eos_ids)
         self.output: list[int] = []
         self.logprobs: list[float] = []
         self.top_logprobs: list[Alternatives] = []
@@ -106,10 +112,9 @@ class Request:
 
     # --------------------------------------------------------------- scheduler side
     def stop_ids(self) -> tuple[int, ...]:
-        """Token ids that end this request: its stop tokens, and EOS unless ignored."""
+        """Token ids that end this request: its stop tokens, and the EOS ids unless ignored."""
         if self._stop_ids is None:  # asked once per generated token: computed once
-            eos = self.tokenizer.eos_id
-            extra = () if eos is None or self.params.ignore_eos else (eos,)
+            extra = () if self.params.ignore_eos else self.eos_ids
             self._stop_ids = tuple(dict.fromkeys((*self.params.stop_token_ids, *extra)))
         return self._stop_ids
 

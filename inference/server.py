@@ -375,6 +375,7 @@ class OpenAIServer:
                 "n/best_of, or raise the limit with --max-sequences-per-request.",
                 code="too_many_sequences",
             )
+        self._check_running()
         work = []
         for prompt in prompts:
             for i in range(samples):
@@ -388,6 +389,18 @@ class OpenAIServer:
             raise APIError(429, str(e), type="server_overloaded", code="queue_full") from None
         nested = [flat[i * samples : (i + 1) * samples] for i in range(len(prompts))]
         return _Group(prompts, nested)
+
+    def _check_running(self) -> None:
+        """A 503 when nothing would run the request: queued on a stopped scheduler (the
+        LLM closed, or its thread ended on an error) it waited until the client gave up."""
+        if not self.llm.scheduler.alive:
+            raise APIError(
+                503,
+                "the model's scheduler is not running (its LLM was closed, or it stopped on "
+                "an error: see the server log), so no request can finish; restart the server.",
+                type="server_error",
+                code="scheduler_stopped",
+            )
 
     async def _run(
         self, prompts: list[list[int]], params: SamplingParams, samples: int, http: HTTPRequest
@@ -731,7 +744,10 @@ def _parser() -> argparse.ArgumentParser:
         "name (tiny, small, base)",
     )
     p.add_argument(
-        "--tokenizer", default=None, help="tokenizer.json or its folder (default: bytes)"
+        "--tokenizer",
+        default=None,
+        help="tokenizer.json, tokenizer.model or their folder (default: the model folder's, "
+        "else bytes)",
     )
     p.add_argument(
         "--config",

@@ -1,5 +1,6 @@
 """Tokenizers for serving: jaxcore's `load_tokenizer` (a ``tokenizer.json`` path or folder, a
-``tokenizers`` or ``transformers`` object), or raw bytes without any file.
+``tokenizers`` or ``transformers`` object), a SentencePiece ``tokenizer.model`` converted by
+transformers, or raw bytes without any file.
 
 The byte-level fallback maps each UTF-8 byte to its own id (vocabulary 256), which matches
 `TransformerConfig.tiny()` / ``small()``, so a model trained on raw bytes serves as is.
@@ -7,6 +8,7 @@ The byte-level fallback maps each UTF-8 byte to its own id (vocabulary 256), whi
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -72,12 +74,58 @@ def piece(token: bytes) -> str:
         return "bytes:" + "".join(f"\\x{b:02x}" for b in token)
 
 
+def _sentencepiece_folder(spec: str | Path) -> Path | None:
+    """The folder of a SentencePiece-only tokenizer (``tokenizer.model``, no
+    ``tokenizer.json``) that ``spec`` names, else ``None``."""
+    path = Path(spec).expanduser()
+    folder = path.parent if path.name == "tokenizer.model" else path
+    if (folder / "tokenizer.model").is_file() and not (folder / "tokenizer.json").is_file():
+        return folder
+    return None
+
+
+def _has_sentencepiece() -> bool:
+    return importlib.util.find_spec("sentencepiece") is not None
+
+
+def _from_sentencepiece(folder: Path) -> Tokenizer:
+    """``transformers`` converts the SentencePiece model to a fast tokenizer (as
+    ``AutoTokenizer`` does for such a checkpoint); that needs the ``sentencepiece``
+    package, and without it this says so rather than serving bytes."""
+    fix = (
+        f"or save a tokenizer.json into {folder} once where it is installed "
+        "(transformers.AutoTokenizer.from_pretrained(folder).save_pretrained(folder)), or "
+        "pass tokenizer= a tokenizer.json (--tokenizer for the server)."
+    )
+    if not _has_sentencepiece():
+        raise jc.ConfigError(
+            f"tokenizer: {folder} has a SentencePiece tokenizer.model but no tokenizer.json, "
+            "and converting it needs the sentencepiece package, which is not installed. "
+            f"Install it (pip install sentencepiece protobuf), {fix}"
+        )
+    try:  # transformers (the serve/test extra) raises many kinds for an unreadable model
+        from transformers import AutoTokenizer
+
+        converted = AutoTokenizer.from_pretrained(str(folder))
+    except Exception as e:
+        raise jc.ConfigError(
+            f"tokenizer: transformers could not convert {folder / 'tokenizer.model'} to a fast "
+            f"tokenizer ({type(e).__name__}: {e}); check the file, {fix}"
+        ) from e
+    return jc.load_tokenizer(converted)
+
+
 def load_tokenizer(spec: str | Path | Any | None = None) -> Tokenizer:
     """``None``: bytes; a ``str``/`Path` (always a path: a ``tokenizer.json`` or its
-    folder), a ``tokenizers``/``transformers`` tokenizer: `jaxcore.load_tokenizer`; an
-    object that already has this interface is used as is."""
+    folder, or a SentencePiece ``tokenizer.model`` or its folder, converted by
+    transformers), a ``tokenizers``/``transformers`` tokenizer: `jaxcore.load_tokenizer`;
+    an object that already has this interface is used as is."""
     if spec is None:
         return ByteTokenizer()
+    if isinstance(spec, str | Path):
+        folder = _sentencepiece_folder(spec)
+        if folder is not None:
+            return _from_sentencepiece(folder)
     if isinstance(spec, str | Path | FileTokenizer):
         return jc.load_tokenizer(spec)
     if all(hasattr(spec, a) for a in ("encode", "decode", "token_bytes", "eos_id")):

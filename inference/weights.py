@@ -100,11 +100,37 @@ def _is_hf_dir(path: Path) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class ResolvedModel:
-    """What a model source resolves to: its config, params and (maybe) its tokenizer."""
+    """What a model source resolves to: its config, params, (maybe) its tokenizer, and
+    the end-of-sequence ids its generation config names (a Hugging Face folder's)."""
 
     config: TransformerConfig
     params: dict[str, Any]
     tokenizer_path: str | None = None
+    eos_token_ids: tuple[int, ...] = ()
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model")
+
+
+def hf_eos_token_ids(folder: Path) -> tuple[int, ...]:
+    """The ids ``transformers``' ``generate`` stops at for the checkpoint in ``folder``:
+    ``eos_token_id`` (one id or a list: Llama-3-Instruct lists two) of
+    ``generation_config.json``, or of ``config.json`` when that file is absent
+    (transformers derives the generation config from it then)."""
+    source = folder / "generation_config.json"
+    if not source.is_file():
+        source = folder / "config.json"
+    try:
+        value = json.loads(source.read_text(encoding="utf-8")).get("eos_token_id")
+    except (OSError, ValueError, AttributeError) as e:
+        raise jc.ConfigError(f"model: {source} is not a readable JSON object ({e}).") from e
+    ids = value if isinstance(value, list) else [] if value is None else [value]
+    if not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+        raise jc.ConfigError(
+            f"model: {source} has eos_token_id={value!r}; it must be a token id or a list "
+            "of token ids (non-negative integers). Correct or remove it."
+        )
+    return tuple(ids)
 
 
 def _from_registry(spec: str, config: TransformerConfig | None) -> ResolvedModel:
@@ -167,8 +193,14 @@ def resolve_model(
                     "config, so config= (--config) cannot replace it. Drop it (to serve a "
                     "shorter context, use ServingConfig(max_len=...) or --max-len)."
                 )
-            tokenizer = path / "tokenizer.json"
-            return ResolvedModel(cfg, params, str(path) if tokenizer.is_file() else None)
+            # tokenizer.json, or a SentencePiece tokenizer.model that load_tokenizer converts
+            has_tokenizer = any((path / name).is_file() for name in TOKENIZER_FILES)
+            return ResolvedModel(
+                cfg,
+                params,
+                str(path) if has_tokenizer else None,
+                eos_token_ids=hf_eos_token_ids(path),
+            )
         cfg, params = load_safetensors(path, config)
         return ResolvedModel(cfg, params)
     raise jc.ConfigError(

@@ -238,9 +238,16 @@ def load_tokenizer(spec: str | Path | Any) -> Tokenizer:
             return _from_folder(path, file)
         if path.is_file():
             return _from_folder(path.parent, path)
+        hub = (
+            " It looks like a Hugging Face Hub name: nothing is downloaded, so fetch it first "
+            f"(huggingface_hub.snapshot_download({str(spec)!r})) and pass the folder."
+            if isinstance(spec, str) and spec.count("/") == 1 and not spec.startswith((".", "/"))
+            else ""
+        )
         raise ConfigError(
             f"tokenizer: {path} does not exist; pass a tokenizer.json file or a folder "
-            "holding one (with tokenizer_config.json for special tokens and the chat template)."
+            "holding one (with tokenizer_config.json for special tokens and the chat "
+            f"template).{hub}"
         )
     try:
         import tokenizers

@@ -144,3 +144,8 @@ def test_token_bytes_of_byte_fallback_and_metaspace_tokens():
     assert tok.token_bytes(5) == b"</s>" and tok.eos_id == 5
     with pytest.raises(jc.ConfigError, match=r"id 99 is not in the vocabulary"):
         tok.token_bytes(99)
+
+
+def test_a_hub_name_is_not_downloaded_and_the_error_says_how_to_fetch_it():
+    with pytest.raises(jc.ConfigError, match=r"Hub name.*snapshot_download\('org/model'\)"):
+        jc.load_tokenizer("org/model")

@@ -106,6 +106,17 @@ def kd_loss(
     return loss, {"weight": weight, "kl": kl_mean, "ce": ce_mean}
 
 
+def _check_vocab(student_logits: jax.Array, teacher_logits: jax.Array) -> None:
+    """The KL term compares distributions over one vocabulary: refuse different sizes."""
+    s, t = student_logits.shape[-1], teacher_logits.shape[-1]
+    if s != t:
+        raise ConfigError(
+            f"distill_loss: the student predicts {s} tokens and the teacher {t}; distillation "
+            "needs one vocabulary (and tokenizer): build the student with the teacher's "
+            f"vocab_size={t}."
+        )
+
+
 def distill_loss(
     *, temperature: float = 2.0, alpha: float = 0.5
 ) -> Callable[[Any, Any, jax.Array | None], tuple[jax.Array, dict[str, Any]]]:
@@ -135,8 +146,10 @@ def distill_loss(
             else mask[:, 1:].astype(jnp.float32)
         )
         teacher_logits = jax.lax.stop_gradient(pair.teacher(inputs))
+        student_logits = pair.student(inputs)
+        _check_vocab(student_logits, teacher_logits)
         return kd_loss(
-            pair.student(inputs),
+            student_logits,
             teacher_logits,
             targets,
             mask,

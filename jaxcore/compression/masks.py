@@ -24,6 +24,7 @@ true (they cost one byte per weight, sharded like the weight).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import jax
@@ -58,6 +59,29 @@ def _selector(targets: str):
     return lambda path: bool(pattern.search(path_str(path)))
 
 
+def _check_targets(
+    params: Any, selected: Callable[[Any], bool], targets: str, stacked: bool
+) -> None:
+    """Refuse a ``targets`` regex that prunes nothing, and per-layer pruning of parameters
+    without a layers axis (each "layer" of a vector holds one weight, never pruned)."""
+    leaves = jax.tree_util.tree_leaves_with_path(params)
+    chosen = [(path_str(path), jnp.shape(p)) for path, p in leaves if selected(path)]
+    if not chosen:
+        names = sorted(path_str(path) for path, _ in leaves)
+        more = f" and {len(names) - 20} more" if len(names) > 20 else ""
+        raise ConfigError(
+            f"magnitude_pruning(targets={targets!r}) matches no parameter, so nothing would "
+            f"be pruned; the parameters are {names[:20]}{more}."
+        )
+    flat = [(name, shape) for name, shape in chosen if stacked and len(shape) < 2]
+    if flat:
+        raise ConfigError(
+            f"magnitude_pruning(targets={targets!r}, stacked=True): {flat} have no "
+            "(layers, weights...) shape, so each layer would hold one weight and none would "
+            "be pruned; pass stacked=False or narrow targets to the stacked block weights."
+        )
+
+
 def magnitude_pruning(
     inner: optax.GradientTransformation,
     schedule: SparsitySchedule,
@@ -74,10 +98,14 @@ def magnitude_pruning(
             matching parameters are pruned.
         stacked: matching parameters carry a leading ``layers`` axis and each layer is
             pruned to the sparsity on its own (the reference model's stacked blocks).
+
+    ``init`` raises `ConfigError` when ``targets`` matches no parameter, or (with
+    ``stacked``) matches one with fewer than two axes.
     """
     selected = _selector(targets)
 
     def init(params: Any) -> PruningState:
+        _check_targets(params, selected, targets, stacked)
         masks = jax.tree.map(lambda p: jnp.ones(jnp.shape(p), bool), params)
         return PruningState(count=jnp.zeros((), jnp.int32), masks=masks, inner=inner.init(params))
 

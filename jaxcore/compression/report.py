@@ -15,6 +15,7 @@ import jax
 import numpy as np
 
 from jaxcore.compression.int8 import CONTRACTED_AXES
+from jaxcore.errors import ConfigError
 from jaxcore.models import TransformerConfig
 
 _MATMULS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down", "lm_head")
@@ -75,6 +76,18 @@ def weight_bytes(params: dict[str, Any], *, int8: bool = False) -> int:
     return total
 
 
+def _check_params(host: dict[str, np.ndarray], cfg: TransformerConfig) -> None:
+    """Refuse params that are not ``cfg``'s `Transformer` (counts would be silently wrong)."""
+    want = {"embed": (cfg.vocab_size, cfg.d_model), "wq": (cfg.n_layers, cfg.d_model)}
+    got = {name: host[name].shape[:2] if name in host else None for name in want}
+    if got != want:
+        raise ConfigError(
+            f"method_report: params do not match the config: (first two) shapes {got}, the "
+            f"config gives {want}; pass the top-level params dict of a Transformer built with "
+            "cfg (for a DistillPair, params['student'] with the student's config)."
+        )
+
+
 def method_report(
     method: str,
     cfg: TransformerConfig,
@@ -87,7 +100,10 @@ def method_report(
     tokens_per_s: float | None = None,
 ) -> MethodReport:
     """Count ``params`` (a `Transformer`'s, with config ``cfg``) into a `MethodReport`."""
+    if seq_len < 1:
+        raise ConfigError(f"method_report(seq_len={seq_len!r}): must be >= 1 (tokens attended).")
     host = _host(params)
+    _check_params(host, cfg)
     L, _, H, _, Dh, _, _ = cfg.dims
     attention = 4.0 * L * H * Dh * seq_len
     matmul = {k: v for k, v in host.items() if k.rsplit("/", 1)[-1] in _MATMULS}

@@ -6,6 +6,8 @@ parameters, which ``inference.LLM(params, config=...)`` serves as any other mode
 `mask_structure` zeroes the same units without changing shapes; the two compute the same
 function (a zeroed head's output projection and a zeroed neuron's gate contribute nothing).
 
+With ``qkv_bias`` the query/key/value biases of a removed head go with it.
+
 Scores (higher = keep):
 
 - ``magnitude``: the L2 norm of the unit's weights (query and output projections of a
@@ -158,6 +160,12 @@ def select(
         kept = (within + np.arange(K)[None, :, None] * g).reshape(L, -1)
         kv = np.broadcast_to(np.arange(K), (L, K))
     else:
+        if K == 1 and keep_heads < H:
+            raise ConfigError(
+                f"select(heads={heads}, by='kv_group'): the model has one kv head, so its "
+                "only group cannot go without removing every head; use by='query' to prune "
+                "query heads within the group."
+            )
         if keep_heads % g or keep_heads == 0:
             raise ConfigError(
                 f"select(heads={heads}, by='kv_group'): keeping {keep_heads} of {H} query "
@@ -174,6 +182,12 @@ def select(
     return Structure(
         heads=np.asarray(kept), kv_heads=np.array(kv), neurons=_top(scores["neurons"], keep_neurons)
     )
+
+
+def _biases(params: dict[str, Any], structure: Structure) -> list[tuple[str, np.ndarray]]:
+    """The per-head biases of a ``qkv_bias`` model with the units each keeps (none without)."""
+    kept = {"bq": structure.heads, "bk": structure.kv_heads, "bv": structure.kv_heads}
+    return [(name, index) for name, index in kept.items() if name in params]
 
 
 def _take(x: jax.Array, index: np.ndarray, axis: int) -> jax.Array:
@@ -194,6 +208,8 @@ def shrink(
     out["w_gate"] = _take(params["w_gate"], structure.neurons, 2)
     out["w_up"] = _take(params["w_up"], structure.neurons, 2)
     out["w_down"] = _take(params["w_down"], structure.neurons, 1)
+    for name, index in _biases(params, structure):  # qkv_bias: (layers, heads, head_dim)
+        out[name] = _take(params[name], index, 1)
     return structure.config(cfg), out
 
 
@@ -219,4 +235,6 @@ def mask_structure(
     out["w_gate"] = params["w_gate"] * f.reshape(L, 1, -1)
     out["w_up"] = params["w_up"] * f.reshape(L, 1, -1)
     out["w_down"] = params["w_down"] * f.reshape(L, -1, 1)
+    for name, index in _biases(params, structure):
+        out[name] = params[name] * jnp.asarray(_keep_mask(index, params[name].shape[1]))[..., None]
     return out

@@ -24,6 +24,19 @@ from jaxcore.errors import ConfigError, JaxcoreError
 DISCOVERED = ("experiments/jaxcore.db", "jaxcore.db")
 
 
+def _row_id(text: str) -> int:
+    """An experiment, trial or checkpoint id as the store can hold it (argparse type)."""
+    from jaxcore.experiments.store import MAX_ROW_ID
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an id (a whole number)") from None
+    if not 0 <= value <= MAX_ROW_ID:
+        raise argparse.ArgumentTypeError(f"{text} is not an id (0 to {MAX_ROW_ID})")
+    return value
+
+
 def _env_db() -> str | None:
     return os.environ.get("JAXCORE_DB") or os.environ.get("JAXCORE_DB_URL")
 
@@ -374,7 +387,7 @@ def _parser() -> argparse.ArgumentParser:
         ("kill", lambda a: _set_state(a, "CANCELED")),
     ):
         sp = located(es.add_parser(name))
-        sp.add_argument("id", type=int)
+        sp.add_argument("id", type=_row_id)
         if name == "resume":
             sp.add_argument("--executor", choices=("local", "inline", "ray"), default="local")
             sp.add_argument("--quiet", action="store_true")
@@ -386,10 +399,10 @@ def _parser() -> argparse.ArgumentParser:
     trial = groups.add_parser("trial", help="inspect trials")
     ts = trial.add_subparsers(dest="action", required=True)
     lg = located(ts.add_parser("logs"))
-    lg.add_argument("id", type=int)
+    lg.add_argument("id", type=_row_id)
     lg.set_defaults(fn=_trial_logs)
     td = located(ts.add_parser("describe", help="a trial's state, checkpoints, metrics"))
-    td.add_argument("id", type=int)
+    td.add_argument("id", type=_row_id)
     td.add_argument("--metrics", action="store_true", help="print its metric history")
     td.set_defaults(fn=_trial_describe)
 

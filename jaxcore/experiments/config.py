@@ -116,6 +116,9 @@ class Param:
         if self.type in ("int", "double"):
             if self.minval is None or self.maxval is None:
                 raise _err(f"{f}.minval/maxval", f"an {self.type} needs both bounds.")
+            for bound in ("minval", "maxval"):
+                if not math.isfinite(getattr(self, bound)):
+                    raise _err(f"{f}.{bound}", f"{getattr(self, bound)} is not a finite number.")
             if not self.minval <= self.maxval:
                 raise _err(f"{f}.minval", f"minval {self.minval} exceeds maxval {self.maxval}.")
             if self.log and self.minval <= 0:
@@ -174,6 +177,32 @@ class Param:
         return value
 
 
+def _log_bounds(field: str, base: float, lo: float, hi: float) -> tuple[float, float]:
+    """Determined's ``type: log`` bounds ``base ** minval``, ``base ** maxval`` as a range.
+
+    A base that is not positive gives a complex or undefined power, and a huge exponent
+    overflows; both are the config's fault, so they are reported as its errors.
+    """
+    if not (math.isfinite(base) and base > 0 and base != 1):
+        raise _err(f"{field}.base", f"{base!r}: a log base must be a positive number other than 1.")
+    try:
+        return float(base) ** lo, float(base) ** hi
+    except OverflowError:
+        raise _err(
+            f"{field}.minval/maxval",
+            f"{base} ** [{lo}, {hi}] overflows a float; minval/maxval are exponents of base.",
+        ) from None
+
+
+def _categorical_vals(field: str, vals: Any) -> tuple:
+    """A categorical's choices: a YAML list (a bare string would become its letters)."""
+    if vals is None:
+        return ()
+    if not isinstance(vals, list | tuple):
+        raise _err(field, f"{vals!r} is a {type(vals).__name__}; write a list, e.g. [{vals!r}].")
+    return tuple(vals)
+
+
 def parse_hparams(raw: Any) -> tuple[Param, ...]:
     """``hyperparameters:`` mapping -> `Param`s (plain values become ``const``)."""
     if raw is None:
@@ -196,13 +225,14 @@ def parse_hparams(raw: Any) -> tuple[Param, ...]:
                 raise _err(f"hyperparameters.{name}.minval/maxval", "a log needs both bounds.")
             for field, v in (("base", base), ("minval", lo), ("maxval", hi)):
                 _check_num(f"hyperparameters.{name}.{field}", v)
-            kind, spec["minval"], spec["maxval"], spec["log"] = "double", base**lo, base**hi, True
+            spec["minval"], spec["maxval"] = _log_bounds(f"hyperparameters.{name}", base, lo, hi)
+            kind, spec["log"] = "double", True
         known = {"val", "minval", "maxval", "log", "vals", "count"}
         extra = set(spec) - known
         if extra:
             raise _err(f"hyperparameters.{name}", f"unknown keys {sorted(extra)}; use {known}.")
         if "vals" in spec:
-            spec["vals"] = tuple(spec["vals"] or ())
+            spec["vals"] = _categorical_vals(f"hyperparameters.{name}.vals", spec["vals"])
         out.append(Param(name=str(name), type=kind, **spec))
     return tuple(out)
 

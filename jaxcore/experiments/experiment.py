@@ -47,7 +47,6 @@ from jaxcore.errors import ConfigError
 from jaxcore.experiments.config import ExperimentConfig, parse_config, to_dict
 from jaxcore.experiments.early_stopping import EarlyStopping
 from jaxcore.experiments.retention import apply_retention
-from jaxcore.experiments.runner import check_entrypoint
 from jaxcore.experiments.searchers import Continue, Create, SearchMethod, Stop, make_searcher
 from jaxcore.experiments.store import EXPERIMENT_DONE, TERMINAL, Store, now, safe_url
 from jaxcore.experiments.trial_context import trial_dir
@@ -186,6 +185,10 @@ class ExperimentLoop:
     ):
         # Checked before any store, directory or launch; the inline executor calls this
         # function (a file entrypoint is not re-run for every trial).
+        # Imported here: the trial process runs ``python -m jaxcore.experiments.runner``,
+        # and the package importing it first makes runpy warn in every trial's log.
+        from jaxcore.experiments.runner import check_entrypoint
+
         self.entrypoint = check_entrypoint(config.entrypoint)
         self.config = config
         self.store = store or Store(config.database_url)

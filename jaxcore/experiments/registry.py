@@ -31,10 +31,62 @@ import shutil
 from typing import Any
 
 from jaxcore.errors import ConfigError
-from jaxcore.experiments.store import Store
+from jaxcore.experiments.store import MAX_ROW_ID, Store
 
 DEFAULT_DB = "sqlite:///experiments/jaxcore.db"
 PREFIX = "registry:"
+
+
+# A model name is a folder under the registry directory: one path component the
+# filesystem takes (255 bytes, less room for the store's 200-character column).
+MAX_NAME_BYTES = 200
+MAX_ALIAS_CHARS = 100
+
+
+def _name_problem(name: str) -> str | None:
+    """What makes ``name`` unusable as a model's folder and ``NAME@REF``, or ``None``."""
+    if not name.strip():
+        return "is empty or blank"
+    if name != name.strip():
+        return "has leading or trailing spaces"
+    bad = [c for c in ("/", "\\", "@", "\0") if c in name]
+    if bad:
+        return f"contains {bad[0]!r}"
+    if name in (".", ".."):
+        return "is a relative path"
+    if len(name.encode()) > MAX_NAME_BYTES:
+        return f"is over {MAX_NAME_BYTES} bytes of UTF-8"
+    return None
+
+
+def check_model_name(name: str) -> None:
+    """Refuse a name that is not one folder name or that ``NAME@REF`` cannot spell.
+
+    ``a/b`` or ``../x`` would put the version's files outside its own folder (``../x``
+    outside the registry), a name over ``MAX_NAME_BYTES`` fails on disk after the version
+    row is written, and ``@`` splits ``registry:NAME@REF`` in the wrong place.
+    """
+    problem = _name_problem(name)
+    if problem:
+        raise ConfigError(
+            f"model name {name[:60]!r} {problem}; use one folder name without '/', '\\' or "
+            f"'@', at most {MAX_NAME_BYTES} bytes (e.g. tiny-lm or 小模型-v2)."
+        )
+
+
+def check_alias(alias: str) -> None:
+    """Refuse an alias that a version reference would read as something else.
+
+    ``registry:NAME@3`` and ``@latest`` mean version 3 and the newest version, so an
+    alias spelled ``3`` or ``latest`` could be set but never resolved.
+    """
+    if not alias.strip() or alias.isdigit() or alias == "latest" or "@" in alias:
+        raise ConfigError(
+            f"alias {alias!r} cannot be told apart from a version number, 'latest' or the "
+            "NAME@REF separator; use a word such as production or staging."
+        )
+    if len(alias) > MAX_ALIAS_CHARS:
+        raise ConfigError(f"alias {alias[:40]!r}... is over {MAX_ALIAS_CHARS} characters.")
 
 
 def default_url() -> str:
@@ -87,6 +139,7 @@ class Registry:
         metadata: dict | None = None,
         tags: list[str] | None = None,
     ) -> int:
+        check_model_name(name)
         if self.store.model(name) is not None:
             raise ConfigError(f"model {name!r} already exists; register a version instead.")
         return self.store.create_model(name, description, metadata, tags)
@@ -110,9 +163,13 @@ class Registry:
         checkpoint; either way they are stored with the version (see the module doc).
         """
         model = self._model(name)
+        check_model_name(name)  # a model created before names were checked
+        for alias in aliases:
+            check_alias(alias)
         ckpt_row = None
         if isinstance(checkpoint, int) or str(checkpoint).isdigit():
-            ckpt_row = self.store.checkpoint(int(checkpoint))
+            in_range = 0 <= int(checkpoint) <= MAX_ROW_ID
+            ckpt_row = self.store.checkpoint(int(checkpoint)) if in_range else None
             if ckpt_row is None or ckpt_row["state"] != "COMPLETED":
                 raise ConfigError(
                     f"checkpoint {checkpoint} does not exist (or was deleted by "
@@ -148,21 +205,12 @@ class Registry:
             tags=tags or [],
             metrics=(ckpt_row or {}).get("metrics"),
         )
-        dst = self.directory / name / f"v{version}"
-        dst.mkdir(parents=True, exist_ok=True)
-        if model_config is not None:  # what inference.LLM(<dir or file>) reads beside it
-            (dst / "config.json").write_text(json.dumps(model_config))
-        if tokenizer is not None:
-            copied = dst / pathlib.Path(tokenizer).name
-            shutil.copy(tokenizer, copied)
-            meta["tokenizer"] = str(copied)
-        if (src / "state.json").exists():
-            shutil.copy(src / "state.json", dst / "state.json")
-            path = dst / "state.json"
-        else:
-            from jaxcore.checkpointing.portable import export_checkpoint
-
-            path = export_checkpoint(src, dst / "model.safetensors")
+        try:
+            path = self._write_files(name, version, src, meta, model_config, tokenizer)
+        except BaseException:
+            # No version without its files: a row with no weights would resolve and fail.
+            self.store.delete_version(model["id"], version)
+            raise
         from jaxcore.experiments import store as st
 
         self.store._run(
@@ -178,6 +226,31 @@ class Registry:
         for alias in aliases:
             self.set_alias(name, alias, version)
         return version
+
+    def _write_files(
+        self,
+        name: str,
+        version: int,
+        src: pathlib.Path,
+        meta: dict[str, Any],
+        model_config: dict[str, Any] | None,
+        tokenizer: str | None,
+    ) -> pathlib.Path:
+        """Export version ``version``'s weights, config and tokenizer; the weights' path."""
+        dst = self.directory / name / f"v{version}"
+        dst.mkdir(parents=True, exist_ok=True)
+        if model_config is not None:  # what inference.LLM(<dir or file>) reads beside it
+            (dst / "config.json").write_text(json.dumps(model_config))
+        if tokenizer is not None:
+            copied = dst / pathlib.Path(tokenizer).name
+            shutil.copy(tokenizer, copied)
+            meta["tokenizer"] = str(copied)
+        if (src / "state.json").exists():
+            shutil.copy(src / "state.json", dst / "state.json")
+            return dst / "state.json"
+        from jaxcore.checkpointing.portable import export_checkpoint
+
+        return pathlib.Path(export_checkpoint(src, dst / "model.safetensors"))
 
     def _lineage(self, ckpt_row: dict[str, Any] | None, src: pathlib.Path) -> dict[str, Any]:
         out: dict[str, Any] = {"store": self.store.uuid, "source_path": str(src)}
@@ -199,6 +272,7 @@ class Registry:
         return out
 
     def set_alias(self, name: str, alias: str, version: int) -> None:
+        check_alias(alias)
         model = self._model(name)
         if version not in {v["version"] for v in self.store.versions(model["id"])}:
             raise ConfigError(f"model {name!r} has no version {version}.")

@@ -162,6 +162,9 @@ store_info = sa.Table(
     sa.Column("value", sa.Text, nullable=False),
 )
 
+# The largest id a row can have (a signed 64-bit integer in SQLite and PostgreSQL): a
+# bigger one names no row, and the drivers raise OverflowError / DataError on it.
+MAX_ROW_ID = 2**63 - 1
 TERMINAL = ("COMPLETED", "STOPPED", "ERRORED", "CANCELED")
 EXPERIMENT_DONE = ("COMPLETED", "FAILED", "CANCELED", "KILLED")
 
@@ -575,6 +578,16 @@ class Store:
             return version
 
         return self._run(write)
+
+    def delete_version(self, model_id: int, version: int) -> None:
+        """Drop a version row (a registration whose files could not be written)."""
+        self._run(
+            lambda c: c.execute(
+                model_versions.delete().where(
+                    model_versions.c.model_id == model_id, model_versions.c.version == version
+                )
+            )
+        )
 
     def versions(self, model_id: int) -> list[dict[str, Any]]:
         return self._rows(

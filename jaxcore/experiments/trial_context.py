@@ -189,7 +189,7 @@ class TrialContext:
     # ----------------------------------------------------------------- reporting
     def report(self, step: int, metrics: dict[str, Any]) -> None:
         """Record ``metrics`` at ``step``; a report with the searcher metric is a validation."""
-        values = {k: float(v) for k, v in metrics.items()}
+        values = {k: _metric_value(k, v, step) for k, v in metrics.items()}
         kind = "validation" if self.searcher_metric in values else "training"
         if kind == "validation" and not math.isfinite(values[self.searcher_metric]):
             log.warning(
@@ -441,3 +441,14 @@ def trial_checkpointer(
         ),
         run_config={"trial": trial_id, "hparams": hparams, "lineage": lineage},
     )
+
+
+def _metric_value(name: str, value: Any, step: int) -> float:
+    """``value`` as a float, or a TypeError naming the metric (not float()'s bare one)."""
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        raise TypeError(
+            f"ctx.report(step={step}): metric {name!r} is {value!r} ({type(value).__name__}); "
+            "report numbers (a Python/NumPy float or int, or a JAX scalar)."
+        ) from None

@@ -21,6 +21,17 @@ from jaxcore.ui.auth import TOKEN_ENV, RedactTokenFilter, is_local_host
 from jaxcore.ui.queries import sqlite_path
 
 
+def _port(text: str) -> int:
+    """A TCP port (argparse type); uvicorn bound --port 99999 as 34463 (modulo 65536)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a port number") from None
+    if not 1 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} is not a port (1 to 65535)")
+    return value
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="jaxcore ui",
@@ -49,7 +60,7 @@ def _parser() -> argparse.ArgumentParser:
         default="127.0.0.1",
         help="bind address (default 127.0.0.1; any other needs a token)",
     )
-    p.add_argument("--port", type=int, default=8765, help="(default 8765)")
+    p.add_argument("--port", type=_port, default=8765, help="1 to 65535 (default 8765)")
     p.add_argument(
         "--token-file", default=None, help=f"file holding the access token (default: ${TOKEN_ENV})"
     )

@@ -7,14 +7,40 @@ import itertools
 from jaxcore.experiments.searchers.base import Action, Create, SearchMethod
 
 
-class SingleSearch(SearchMethod):
+class _FixedSearch(SearchMethod):
+    """A search whose trials are all created up front: progress is the share that ended.
+
+    ``ended`` is a class default so a searcher pickled before it existed resumes at 0.
+    """
+
+    ended: int = 0
+
+    def planned(self) -> int:
+        return self.searcher.max_trials
+
+    def exited(self, trial_id: int) -> list[Action]:
+        self.ended += 1
+        return []
+
+    def errored(self, trial_id: int) -> list[Action]:
+        self.ended += 1
+        return []
+
+    def progress(self) -> float:
+        return min(self.ended / max(self.planned(), 1), 1.0)
+
+
+class SingleSearch(_FixedSearch):
     """One trial with each hyperparameter at its ``const`` value or its sampled value."""
 
     def initial(self) -> list[Action]:
         return [Create(hparams=self.sample(), max_length=self.searcher.length)]
 
+    def planned(self) -> int:
+        return 1
 
-class GridSearch(SearchMethod):
+
+class GridSearch(_FixedSearch):
     """The cross product of every hyperparameter's grid (``count`` points per range)."""
 
     def points(self) -> list[dict]:
@@ -27,8 +53,11 @@ class GridSearch(SearchMethod):
     def initial(self) -> list[Action]:
         return [Create(hparams=h, max_length=self.searcher.length) for h in self.points()]
 
+    def planned(self) -> int:
+        return len(self.points())
 
-class RandomSearch(SearchMethod):
+
+class RandomSearch(_FixedSearch):
     """``max_trials`` independent samples."""
 
     def initial(self) -> list[Action]:

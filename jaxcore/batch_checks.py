@@ -173,13 +173,31 @@ class BatchChecker:
         if local:
             ways = max(1, ways // c.process_blocks)
         need = ways * c.per_shard
+        first: tuple[str, int] | None = None
         for path, leaf in jax.tree_util.tree_leaves_with_path(batch):
             shape = np.shape(leaf)
             where = path_str(path) or "batch"
+            if not shape and isinstance(leaf, int | float | complex):
+                raise BatchError(
+                    f"batch[{where}] is a Python {type(leaf).__name__}: a batch holds arrays, "
+                    "not (nested) lists of numbers. Convert them with np.asarray(...)."
+                )
             if not shape:
                 raise BatchError(
                     f"batch[{where}] is a scalar; every batch leaf needs a leading batch axis."
                 )
+            if shape[0] == 0:
+                raise BatchError(
+                    f"batch[{where}] has no rows (leading size 0); an empty batch has no "
+                    "loss to train on. Drop it, or pass at least one row per shard."
+                )
+            if first is not None and shape[0] != first[1]:
+                raise BatchError(
+                    f"batch[{where}] has {shape[0]} rows but batch[{first[0]}] has "
+                    f"{first[1]}; every leaf of a batch holds the same examples along its "
+                    "leading axis. Slice them to the same rows."
+                )
+            first = first or (where, shape[0])
             if shape[0] % need:
                 raise BatchError(
                     f"batch[{where}] has leading size {shape[0]}, which does not divide into "

@@ -174,6 +174,7 @@ class Engine:
         self.policy = get_policy(config.precision)
         remat.validate_policy(config.remat, self.mesh.devices.flat[0])
         self.rules = shd.validate_rules(config.rules, self.mesh.axis_names)
+        shd.validate_param_rules(config.param_rules, self.rules)
         self.pipeline = config.pipeline_config(self.mesh.shape["pipeline"])
         # The batch's layout is the rules table's `batch` rule: no model needed.
         self.batch_sharding = NamedSharding(self.mesh, shd.batch_spec(self.mesh, self.rules))

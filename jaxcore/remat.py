@@ -15,7 +15,9 @@ for the run, so the same model trains with any policy. The names map onto
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator
 
 import jax
 
@@ -50,11 +52,31 @@ def validate_policy(name: str, device: jax.Device | None = None) -> str:
     return name
 
 
+# Blocks wrapped while a step traces (`counting_blocks`): a policy no block used did nothing.
+_WRAPPED: contextvars.ContextVar[list[int] | None] = contextvars.ContextVar(
+    "jaxcore_remat_blocks", default=None
+)
+
+
+@contextlib.contextmanager
+def counting_blocks() -> Iterator[list[int]]:
+    """Count the `checkpoint_block` calls made inside (``[count]``, read after)."""
+    count = [0]
+    token = _WRAPPED.set(count)
+    try:
+        yield count
+    finally:
+        _WRAPPED.reset(token)
+
+
 def checkpoint_block(fn: Callable) -> Callable:
     """Wrap a block function with the remat policy of the step being traced."""
     ctx = trace_context.current()
     if ctx.remat == "none":
         return fn
+    count = _WRAPPED.get()
+    if count is not None:
+        count[0] += 1
     # A block inside a loop (a layer scan, the pipeline's schedule) needs no CSE barrier:
     # the loop already keeps XLA from merging the recomputation into the forward pass
     # (jax.checkpoint docs). Unrolled layers (only when a user sets both remat and

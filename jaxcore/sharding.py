@@ -85,6 +85,35 @@ def validate_rules(rules: Sequence[tuple[str, MeshAxes]], mesh_axes: Sequence[st
     return tuple(out)
 
 
+def validate_param_rules(param_rules: Sequence[tuple[str, LogicalAxes]], rules: Rules) -> None:
+    """Check ``param_rules`` against the rules table: ``(regex, names)`` pairs whose names
+    the table knows (a misspelt name would silently leave the parameter replicated)."""
+    known = tuple(dict.fromkeys(name for name, _ in rules))
+    for i, rule in enumerate(param_rules):
+        if not (
+            isinstance(rule, tuple | list)
+            and len(rule) == 2
+            and isinstance(rule[0], str)
+            and isinstance(rule[1], tuple | list)
+        ):
+            raise ConfigError(
+                f"param_rules[{i}]={rule!r}: each rule must be a (regex, logical names) pair, "
+                'e.g. param_rules=[(r".*fc1/kernel", ("embed", "mlp"))] (note the outer list).'
+            )
+        pattern, names = rule
+        try:
+            re.compile(pattern)
+        except re.error as e:
+            raise ConfigError(f"param_rules[{i}]: {pattern!r} is not a valid regex: {e}") from e
+        unknown = [n for n in names if n is not None and n not in known]
+        if unknown:
+            raise ConfigError(
+                f"param_rules[{i}] ({pattern!r}) names {unknown}, which the rules table does "
+                f"not know; use one of {known}, None for a replicated dimension, or add a "
+                "rule for the name to `rules`."
+            )
+
+
 def _as_tuple(target: MeshAxes) -> tuple[str, ...]:
     return () if target is None else (target,) if isinstance(target, str) else tuple(target)
 

@@ -11,6 +11,7 @@ divergence check.
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -20,7 +21,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
-from jaxcore import trace_context
+from jaxcore import remat, trace_context
 from jaxcore.batch_checks import check_loss_output
 from jaxcore.errors import StateError
 from jaxcore.nonfinite import DivergenceMonitor, keep_if
@@ -118,12 +119,20 @@ def _train_fn(plan: TrainPlan, loss_fn: LossFn) -> Callable:
         return grads, {k: v / weight for k, v in sums.items()}, weight, model_state
 
     def step(state: TrainState, batch):
-        with trace_context.tracing(plan.trace_context()):
+        with trace_context.tracing(plan.trace_context()), remat.counting_blocks() as wrapped:
             rng, key = jax.random.split(state.rng)
             scale = state.loss_scale.scale if state.loss_scale is not None else 1.0
             grads, metrics, weight, model_state = accumulate(
                 state.params, state.model_state, batch, key, scale
             )
+            if cfg.remat != "none" and not wrapped[0]:
+                warnings.warn(
+                    f"remat={cfg.remat!r} had no effect: the model wrapped no block with "
+                    "jaxcore.remat.checkpoint_block, so every activation is kept. Wrap each "
+                    "repeated block's function with it (the policy applies per block), or "
+                    "use remat='none'.",
+                    stacklevel=2,
+                )
             if state.loss_scale is not None:
                 grads = jax.tree.map(lambda g: g / scale, grads)
             metrics["weight"] = weight

@@ -33,8 +33,13 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("--date", default="")
     s = sub.add_parser("stats", help="summary of a finished snapshot")
     s.add_argument("version_dir")
-    v = sub.add_parser("verify", help="check a snapshot's files against its manifest.json")
-    v.add_argument("version_dir")
+    v = sub.add_parser(
+        "verify",
+        help="check a snapshot's files against its manifest.json",
+        description="Re-hash every file of a finished snapshot and report the ones missing or "
+        "not matching manifest.json (exit 1); rerunning the build redoes them.",
+    )
+    v.add_argument("version_dir", help="the snapshot folder (<output_dir>/<version>)")
     r = sub.add_parser("redact", help="redact PII in stdin to stdout (the pipeline's defaults)")
     r.add_argument("--lang", default=None, help="the file's language (default: $PII_LANG)")
     r.add_argument("--path", default=None, help="the file's path (default: $PII_PATH)")

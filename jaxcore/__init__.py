@@ -26,6 +26,7 @@ __version__ = "0.1.0"
 _EXPORTS: dict[str, tuple[str, ...]] = {
     "jaxcore.adapters": ("ModelAdapter",),
     "jaxcore.checkpoint": ("CheckpointConfig", "Checkpointer", "CheckpointError", "Preempted"),
+    "jaxcore.checkpointing.preemption": ("PreemptionWatch",),
     "jaxcore.checkpointing.portable": (
         "export_checkpoint",
         "load_params",
@@ -115,6 +116,7 @@ __all__ = [
     "PipelineConfig",
     "PrecisionPolicy",
     "Preempted",
+    "PreemptionWatch",
     "ResumableLoader",
     "ShardingPlan",
     "StateError",
@@ -199,6 +201,7 @@ if TYPE_CHECKING:
         read_params,
         save_params,
     )
+    from jaxcore.checkpointing.preemption import PreemptionWatch
     from jaxcore.distributed import ClusterSettings, CoordinatorTimeoutError, detect, initialize
     from jaxcore.engine import Engine, EngineConfig
     from jaxcore.errors import (

@@ -20,15 +20,15 @@ points (`rlhf.faults`): deterministic fault injection for the resume tests.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import importlib
 import json
 import os
 import pathlib
 import shutil
-import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -41,32 +41,23 @@ from rlhf.faults import KILL_ENV, TERM_ENV, fault_point
 if TYPE_CHECKING:
     from rlhf.checkpoint import TrainerCheckpoints
 
-__all__ = ["KILL_ENV", "TERM_ENV", "SigtermStop", "main", "run_rl", "run_supervised"]
+__all__ = ["KILL_ENV", "TERM_ENV", "main", "run_rl", "run_supervised", "sigterm_stop"]
 RESUME_DIR = "resume"  # SFT/reward/DPO preemption checkpoints, apart from the final one
 
 
-class SigtermStop:
-    """While entered, SIGTERM only records a request to stop; the run loops poll it
-    (calling the object) at step boundaries, save and raise `jaxcore.Preempted`. The
-    handler does nothing else, so no step or save is ever cut short, however many
-    SIGTERMs arrive."""
+@contextlib.contextmanager
+def sigterm_stop() -> Iterator[Callable[[], bool]]:
+    """While entered, SIGTERM only records a request to stop (`jaxcore.PreemptionWatch`:
+    with several processes JAX's own notice, which a Python handler would replace); the
+    run loops poll the yielded function at step boundaries, save and raise
+    `jaxcore.Preempted`, so no step or save is cut short however many SIGTERMs arrive."""
+    from jaxcore import PreemptionWatch
 
-    def __init__(self) -> None:
-        self.count = 0
-        self._previous: Any = None
-
-    def _on_sigterm(self, signum: int, frame: Any) -> None:
-        self.count += 1
-
-    def __call__(self) -> bool:
-        return self.count > 0
-
-    def __enter__(self) -> SigtermStop:
-        self._previous = signal.signal(signal.SIGTERM, self._on_sigterm)
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        signal.signal(signal.SIGTERM, self._previous)
+    watch = PreemptionWatch(install=True)
+    try:
+        yield lambda: watch.requested
+    finally:
+        watch.close()
 
 
 def _never() -> bool:
@@ -203,7 +194,7 @@ def run_rl(
 
     ``report(iterations_done, metrics)`` (e.g. a `jaxcore experiment` trial's) is called
     after each iteration; returning True checkpoints and stops the run there.
-    ``stop_requested()`` (a `SigtermStop`) true after an iteration checkpoints it and
+    ``stop_requested()`` (from `sigterm_stop`) true after an iteration checkpoints it and
     raises `jaxcore.Preempted`; true before the first, raises it at once (nothing new).
     """
     from jaxcore import Preempted
@@ -367,7 +358,7 @@ def _save_state(
     from rlhf.rewards import stage_record
 
     with jc.Checkpointer(
-        # SIGTERM stays with the run's own handler (`SigtermStop`): see role_checkpointer.
+        # SIGTERM stays with the run's own handler (`sigterm_stop`): see role_checkpointer.
         jc.CheckpointConfig(directory=directory, async_save=False, save_on_sigterm=False),
         engine=engine,
         run_config=stage_record(cfg.stage, cfg.model),  # what reward.model: checks
@@ -394,7 +385,7 @@ def _resume_state(engine: Any, directory: pathlib.Path, state: Any) -> tuple[Any
 def run_supervised(cfg: RunConfig, stop_requested: Callable[[], bool] = _never) -> dict[str, float]:
     """SFT, reward model or DPO for ``train.steps`` batches; held-out metrics at the end.
 
-    ``stop_requested()`` (a `SigtermStop`) true after a batch saves the state under
+    ``stop_requested()`` (from `sigterm_stop`) true after a batch saves the state under
     ``<train.out>/resume`` and raises `jaxcore.Preempted`; a rerun resumes from there.
     """
     import jaxcore as jc
@@ -478,7 +469,7 @@ def main(argv: list[str] | None = None) -> int:
         if overrides:
             cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, **overrides))
         check_out(cfg)
-        with SigtermStop() as stop:
+        with sigterm_stop() as stop:
             if cfg.stage in ("ppo", "grpo"):
                 final = run_rl(cfg, stop_requested=stop)
             else:

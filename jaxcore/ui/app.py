@@ -20,12 +20,13 @@ from fastapi.responses import FileResponse
 from fastapi.staticfiles import StaticFiles
 
 from jaxcore.errors import ConfigError
+from jaxcore.experiments.store import MAX_ROW_ID
 from jaxcore.ui import queries, snapshots
 from jaxcore.ui.auth import TokenMiddleware
 
 # A row id: what the store's integer keys can hold (a bigger one is a 422, not a 500 from
 # the database driver).
-RowId = Annotated[int, Path(ge=0, le=2**63 - 1)]
+RowId = Annotated[int, Path(ge=0, le=MAX_ROW_ID)]  # SQLite INTEGER
 
 STATIC = pathlib.Path(__file__).with_name("static")
 PAGES = {"experiments", "experiment", "trial", "models", "datasets"}

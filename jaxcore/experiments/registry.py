@@ -5,6 +5,8 @@ Registering a checkpoint as a version exports its parameters to
 version outlives checkpoint retention and loads without the training code. Versions
 are numbered 1, 2, ... per model; aliases (``production``, ``staging``) point at one
 version each and move when set again (MLflow's aliases, Determined's model registry).
+A version's files appear all at once (written aside, then renamed into ``v<N>``); a
+registration killed midway keeps its number but is never resolved.
 
 A version is self-describing: its metadata holds the model config (recorded with the
 checkpoint by the trial, ``ctx.model_config``, or given to `Registry.register`), the
@@ -28,6 +30,7 @@ import math
 import os
 import pathlib
 import shutil
+import uuid
 from typing import Any
 
 from jaxcore.errors import ConfigError
@@ -236,21 +239,37 @@ class Registry:
         model_config: dict[str, Any] | None,
         tokenizer: str | None,
     ) -> pathlib.Path:
-        """Export version ``version``'s weights, config and tokenizer; the weights' path."""
-        dst = self.directory / name / f"v{version}"
-        dst.mkdir(parents=True, exist_ok=True)
-        if model_config is not None:  # what inference.LLM(<dir or file>) reads beside it
-            (dst / "config.json").write_text(json.dumps(model_config))
-        if tokenizer is not None:
-            copied = dst / pathlib.Path(tokenizer).name
-            shutil.copy(tokenizer, copied)
-            meta["tokenizer"] = str(copied)
-        if (src / "state.json").exists():
-            shutil.copy(src / "state.json", dst / "state.json")
-            return dst / "state.json"
-        from jaxcore.checkpointing.portable import export_checkpoint
+        """Export version ``version``'s weights, config and tokenizer; the weights' path.
 
-        return pathlib.Path(export_checkpoint(src, dst / "model.safetensors"))
+        The files are written into a staging folder that is renamed to ``v<N>`` once
+        complete, so a failed or killed registration leaves no half-written ``v<N>`` for
+        a later version with the same number to inherit files from.
+        """
+        final = self.directory / name / f"v{version}"
+        staging = final.with_name(f".{final.name}.partial-{uuid.uuid4().hex[:8]}")
+        staging.mkdir(parents=True)
+        try:
+            if model_config is not None:  # what inference.LLM(<dir or file>) reads beside it
+                (staging / "config.json").write_text(json.dumps(model_config))
+            if tokenizer is not None:
+                shutil.copy(tokenizer, staging / pathlib.Path(tokenizer).name)
+                meta["tokenizer"] = str(final / pathlib.Path(tokenizer).name)
+            if (src / "state.json").exists():
+                shutil.copy(src / "state.json", staging / "state.json")
+                weights = "state.json"
+            else:
+                from jaxcore.checkpointing.portable import export_checkpoint
+
+                weights = export_checkpoint(src, staging / "model.safetensors").name
+            # The store gave this number to this registration alone: an existing v<N> is
+            # what a failed registration of the same number left behind.
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(staging, final)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        return final / weights
 
     def _lineage(self, ckpt_row: dict[str, Any] | None, src: pathlib.Path) -> dict[str, Any]:
         out: dict[str, Any] = {"store": self.store.uuid, "source_path": str(src)}
@@ -307,15 +326,26 @@ class Registry:
     def version(self, name: str, ref: int | str = "latest") -> dict[str, Any]:
         """The version row for a number, ``"latest"``, or an alias."""
         info = self.describe(name)
-        versions = {v["version"]: v for v in info["versions"]}
+        # A row without a path is a registration that never finished (killed while
+        # writing its files): it keeps its number but is never resolved.
+        unfinished = {v["version"] for v in info["versions"] if not v["path"]}
+        versions = {v["version"]: v for v in info["versions"] if v["path"]}
+        number = int(ref) if isinstance(ref, int) or str(ref).isdigit() else None
+        if info["aliases"].get(ref) in unfinished:
+            number = info["aliases"][ref]
+        if number in unfinished:
+            raise ConfigError(
+                f"model {name!r}: version {number} did not finish registering (stopped while "
+                "its files were written); register the checkpoint again as a new version."
+            )
         if not versions:
             raise ConfigError(f"model {name!r} has no versions yet.")
         if ref == "latest":
             return versions[max(versions)]
-        if isinstance(ref, int) or str(ref).isdigit():
-            if int(ref) not in versions:
+        if number is not None:
+            if number not in versions:
                 raise ConfigError(f"model {name!r} has versions {sorted(versions)}, not {ref}.")
-            return versions[int(ref)]
+            return versions[number]
         if ref not in info["aliases"]:
             raise ConfigError(
                 f"model {name!r} has no alias {ref!r} (aliases: {sorted(info['aliases'])})."

@@ -171,7 +171,7 @@ class FilterConfig:
     """Longest allowed base64 / hex / ``\\u`` escape run."""
     max_encoded_fraction: float = 0.5
     data_max_lines: int = 512
-    data_languages: tuple[str, ...] = ("JSON", "YAML", "Text")
+    data_languages: tuple[str, ...] = ("JSON", "JSON with Comments", "YAML", "Text")
     exempt_languages: tuple[str, ...] = ("Markdown", "reStructuredText", "HTML", "Text", "SVG")
     """Languages exempt from the line-length and alphabetic filters (prose, markup)."""
 
@@ -209,6 +209,10 @@ class PIIConfig:
         _require(not bad, "pii.types", f"unknown PII types {bad}", f"use values from {PII_TYPES}")
 
 
+LSH_SLACK = 0.05
+"""How far set bands/rows' candidate curve may sit from ``dedup.threshold``."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class DedupConfig:
     """Exact and MinHash/LSH near deduplication (StarCoder2: 5-grams, 25x10 bands, 0.7)."""
@@ -216,8 +220,11 @@ class DedupConfig:
     exact: bool = True
     near: bool = True
     num_perm: int = 256
-    bands: int = 25
-    rows: int = 10
+    bands: int | None = None
+    rows: int | None = None
+    """LSH bands x rows. A pair becomes a candidate from about ``(1/bands)**(1/rows)``, so
+    set ones must agree with ``threshold``; unset, they are StarCoder2's 25 x 10 when that
+    serves the threshold, else what datasketch's ``MinHashLSH`` picks for it."""
     threshold: float = 0.7
     shingle_size: int = 5
     seed: int = 42
@@ -236,10 +243,45 @@ class DedupConfig:
             "use 256 (StarCoder2)",
         )
         _require(
-            self.bands > 0 and self.rows > 0,
+            0.0 < self.threshold < 1.0,
+            "dedup.threshold",
+            f"{self.threshold} not in (0,1)",
+            "use e.g. 0.7",
+        )
+        self._check_lsh_params()
+        _require(self.shingle_size >= 1, "dedup.shingle_size", "must be >= 1", "use 5")
+        bad = [p for p in self.priority if p not in ("stars", "recency")]
+        _require(not bad, "dedup.priority", f"unknown keys {bad}", "use stars and/or recency")
+
+    def _check_lsh_params(self) -> None:
+        """Fill unset bands/rows; refuse set ones that contradict the threshold.
+
+        LSH finds pairs from about ``(1/bands)**(1/rows)`` on: 25 x 10 (0.72) with
+        ``threshold: 0.5`` would silently miss the pairs between 0.5 and 0.72, and
+        without ``verify`` a curve below the threshold merges pairs under it. Unset,
+        they are StarCoder2's 25 x 10 where that serves the threshold, else what
+        datasketch's ``MinHashLSH`` picks for it.
+        """
+        from data.minhash import lsh_params
+
+        best = lsh_params(self.threshold, self.num_perm)
+        given = [v for v in (self.bands, self.rows) if v is not None]
+        _require(
+            all(isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in given),
             "dedup.bands/rows",
-            "must be positive",
-            "use 25 bands x 10 rows",
+            f"must be positive integers, got bands={self.bands!r} rows={self.rows!r}",
+            f"use bands={best[0]} rows={best[1]} or leave both unset",
+        )
+        if not given:
+            fits = self.num_perm >= 25 * 10 and self._lsh_problem(25, 10) is None
+            object.__setattr__(self, "bands", 25 if fits else best[0])
+            object.__setattr__(self, "rows", 10 if fits else best[1])
+            return
+        _require(
+            len(given) == 2,
+            "dedup.bands/rows",
+            "only one of them is set",
+            f"set both (bands={best[0]} rows={best[1]} for threshold {self.threshold}) or neither",
         )
         _require(
             self.bands * self.rows <= self.num_perm,
@@ -247,15 +289,26 @@ class DedupConfig:
             f"bands*rows={self.bands * self.rows} exceeds num_perm={self.num_perm}",
             "raise dedup.num_perm or lower bands/rows",
         )
+        problem = self._lsh_problem(self.bands, self.rows)
         _require(
-            0.0 < self.threshold < 1.0,
-            "dedup.threshold",
-            f"{self.threshold} not in (0,1)",
-            "use e.g. 0.7",
+            problem is None,
+            "dedup.bands/rows",
+            str(problem),
+            f"use bands={best[0]} rows={best[1]} (what datasketch picks for "
+            f"{self.threshold}) or leave both unset",
         )
-        _require(self.shingle_size >= 1, "dedup.shingle_size", "must be >= 1", "use 5")
-        bad = [p for p in self.priority if p not in ("stars", "recency")]
-        _require(not bad, "dedup.priority", f"unknown keys {bad}", "use stars and/or recency")
+
+    def _lsh_problem(self, bands: int, rows: int) -> str | None:
+        """Why ``bands`` x ``rows`` would not give ``threshold``'s pairs (None: they do)."""
+        from data.minhash import lsh_curve_threshold
+
+        curve = lsh_curve_threshold(bands, rows)
+        where = f"{bands} bands x {rows} rows find pairs from Jaccard ~{curve:.2f}, so "
+        if curve > self.threshold + LSH_SLACK:
+            return where + f"threshold {self.threshold} would miss the pairs in between"
+        if not self.verify and curve < self.threshold - LSH_SLACK:
+            return where + f"threshold {self.threshold} would merge pairs below it (verify off)"
+        return None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -3,10 +3,11 @@
 Per shard, :class:`SignatureStep` hashes every kept file (SHA-256 of its final content)
 and computes its MinHash signature (:mod:`data.minhash`). Globally, :func:`find_duplicates`
 groups exact duplicates by hash, indexes one signature per exact group in a datasketch
-``MinHashLSH`` (StarCoder2: 25 bands x 10 rows, threshold 0.7; any datasketch storage
-backend for a shared index), verifies candidate pairs by estimated Jaccard, joins them
-with union-find, and keeps one survivor per cluster: permissive license first, then the
-configured repository priority (stars, recency), then a stable order.
+``MinHashLSH`` (StarCoder2: 25 bands x 10 rows, threshold 0.7; other thresholds get
+datasketch's own bands x rows; any datasketch storage backend for a shared index),
+verifies candidate pairs by estimated Jaccard, joins them with union-find, and keeps one
+survivor per cluster: permissive license first, then the configured repository priority
+(stars, recency), then a stable order.
 """
 
 from __future__ import annotations

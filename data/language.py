@@ -2,19 +2,23 @@
 
 Strategies run in linguist's order: modeline, exact filename, shebang, extension, then
 content heuristics for extensions that several languages claim (``.h``, ``.m``, ``.pl``,
-...). The filename and extension tables are Pygments' lexer filename patterns (600+
-lexers) with ``identify``'s extension and interpreter tables as a fallback, so coverage
-follows those maintained projects; names are spelled as linguist spells them where the
-two differ. Vendored and generated files are marked with linguist's rules
-(``vendor.yml``, ``generated.rb``), summarised below.
+...). Filenames and extensions that linguist's ``languages.yml`` gives to one language
+decide first (vendored in ``resources/linguist-tables.json``: ``.jsx`` is JavaScript,
+``BUILD.bazel`` Starlark, ``Podfile`` Ruby); the rest come from Pygments' lexer filename
+patterns (600+ lexers) with ``identify``'s extension and interpreter tables as a
+fallback, names spelled as linguist spells them where the two differ. Vendored and
+generated files are marked with linguist's rules (``vendor.yml``, ``generated.rb``),
+summarised below.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import functools
+import json
 import posixpath
 import re
+from pathlib import Path
 
 from identify import extensions as id_ext
 from identify import interpreters as id_interp
@@ -31,7 +35,13 @@ LINGUIST_NAMES = {
     "Docker": "Dockerfile",
     "Text only": "Text",
     "EmacsLisp": "Emacs Lisp",
-    "VimL": "Vim Script",
+    "VimL": "Vim script",
+    "JSX": "JavaScript",
+    "Asciidoc": "AsciiDoc",
+    "LessCss": "Less",
+    "Mdx": "MDX",
+    "Nimrod": "Nim",
+    "WebGPU Shading Language": "WGSL",
     "CUDA": "Cuda",
     "Base Makefile": "Makefile",
     "Nginx configuration file": "Nginx",
@@ -317,8 +327,31 @@ GENERATED_HEADER = re.compile(
 )
 
 
+# ``docker build -f Dockerfile.dev``: linguist lists only ``Dockerfile``/``Containerfile``
+# and the ``.dockerfile`` extension, so these per-environment variants would be unknown.
+DOCKERFILE_VARIANT = re.compile(r"^(Dockerfile|Containerfile)\.[\w.-]+$")
+
+
 def _linguist(name: str) -> str:
     return LINGUIST_NAMES.get(name, name)
+
+
+@functools.cache
+def _linguist_tables() -> tuple[dict[str, str], dict[str, str]]:
+    """(extension -> language, filename -> language) where linguist names one language."""
+    data = json.loads((Path(__file__).parent / "resources" / "linguist-tables.json").read_text())
+    return data["extensions"], data["filenames"]
+
+
+def _linguist_extension(base: str) -> str | None:
+    """linguist's language for the longest extension of ``base`` it claims alone."""
+    by_ext, _ = _linguist_tables()
+    parts = base.lower().lstrip(".").split(".")
+    for i in range(1, len(parts)):
+        lang = by_ext.get(".".join(parts[i:]))
+        if lang:
+            return lang
+    return None
 
 
 @functools.cache
@@ -405,7 +438,11 @@ def detect_language(path: str, content: str) -> tuple[str, str]:
         if mode and mode.lower() in aliases and mode.lower() not in ("utf-8", "coding"):
             return aliases[mode.lower()], "modeline"
     base = posixpath.basename(path)
-    # 2. Exact filename.
+    # 2. Exact filename: linguist's own table, then Pygments' and identify's.
+    if base in _linguist_tables()[1]:
+        return _linguist_tables()[1][base], "filename"
+    if DOCKERFILE_VARIANT.match(base):
+        return "Dockerfile", "filename"
     if base in by_name:
         return by_name[base][0], "filename"
     if base in id_ext.NAMES:
@@ -425,8 +462,11 @@ def detect_language(path: str, content: str) -> tuple[str, str]:
     for pat, lang in patterns:
         if fnmatch.fnmatchcase(base, pat):
             return lang, "filename"
-    # 5. Extension, then heuristics for ambiguous ones.
+    # 5. Extension (linguist's when it names one language), then heuristics for ambiguous ones.
     if "." in base.lstrip("."):
+        lang = _linguist_extension(base)
+        if lang:
+            return lang, "extension"
         ext = base.rsplit(".", 1)[1]
         langs = by_ext.get(ext) or by_ext.get(ext.lower())
         low = ext.lower()
@@ -498,4 +538,6 @@ def supported_languages() -> list[str]:
     langs |= {lang for _, lang in patterns}
     langs |= set(IDENTIFY_NAMES.values()) | set(AMBIGUOUS_DEFAULT.values())
     langs |= {lang for v in HEURISTICS.values() for lang, _ in v}
+    langs |= {lang for table in _linguist_tables() for lang in table.values()}
+    langs.add("Dockerfile")
     return sorted(langs)

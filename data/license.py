@@ -11,12 +11,14 @@ LicenseDB index shipped with ``license-expression``).
 
 from __future__ import annotations
 
+import configparser
 import functools
 import json
 import os
 import posixpath
 import re
 import tempfile
+import tomllib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import IO
@@ -34,7 +36,14 @@ LICENSE_FILE = re.compile(
     re.I,
 )
 README_FILE = re.compile(r"^readme(\.\w+)?$", re.I)
-SPDX_LINE = re.compile(r"SPDX-License-Identifier:\s*([^\n*#]+?)\s*(?:\*/|-->|#}|$)", re.M)
+# The expression ends at the line's end or at a comment's closer: C ``*/``, OCaml and
+# Pascal ``*)``, Haskell ``-}``, HTML ``-->``, Jinja ``#}``.
+SPDX_LINE = re.compile(r"SPDX-License-Identifier:\s*([^\n*#]+?)\s*(?:\*/|\*\)|-\}|-->|#\}|$)", re.M)
+MANIFEST_FILE = re.compile(
+    r"^(package\.json|composer\.json|pyproject\.toml|Cargo\.toml|setup\.cfg)$"
+)
+PROPRIETARY_MARKERS = frozenset({"UNLICENSED", "PROPRIETARY"})
+"""npm's and others' word for "no permission granted": a declared license, not an absent one."""
 _README_SECTION = re.compile(
     r"^(#+\s*|)licen[cs]e\s*:?\s*$\n(?:[-=]+\s*\n)?([\s\S]{0,3000})", re.M | re.I
 )
@@ -118,13 +127,74 @@ def identify_text(text: str, min_score: float = 0.8) -> tuple[str, ...]:
     return tuple(dict.fromkeys(m.spdx for m in license_matches(text, min_score)))
 
 
+def expression_matches(expressions: Iterable[str], method: str) -> list[LicenseMatch]:
+    """One match per license id the valid expressions name, each keeping its expression."""
+    found: dict[str, LicenseMatch] = {}
+    for e in expressions:
+        for k in expression_keys(e):
+            found.setdefault(k, LicenseMatch(k, 1.0, 0, method, e))
+    return list(found.values())
+
+
 def license_matches(text: str, min_score: float = 0.8) -> list[LicenseMatch]:
     """``SPDX-License-Identifier`` lines if any, else every license text in the file."""
     ids = [m.group(1).strip() for m in SPDX_LINE.finditer(text[:4000])]
-    keys = [k for e in ids for k in expression_keys(e)]
-    if keys:
-        return [LicenseMatch(k, 1.0, 0, "spdx") for k in dict.fromkeys(keys)]
-    return identify_parts(text, min_score)
+    return expression_matches(ids, "spdx") or identify_parts(text, min_score)
+
+
+def _manifest_values(name: str, content: str) -> list[str]:
+    """The license strings a package manifest declares (no validation)."""
+    if name.endswith(".json"):
+        data = json.loads(content)
+        if not isinstance(data, dict):
+            return []
+        declared = data.get("license", data.get("licenses"))
+        items = declared if isinstance(declared, list) else [declared]
+        # npm's legacy {"type": "MIT"} objects; a list offers a choice (npm, composer).
+        values = [i.get("type") if isinstance(i, dict) else i for i in items]
+        values = [v for v in values if isinstance(v, str) and v.strip()]
+        return [" OR ".join(f"({v})" for v in values)] if len(values) > 1 else values
+    if name == "setup.cfg":
+        cfg = configparser.ConfigParser(interpolation=None)
+        cfg.read_string(content)
+        return [cfg.get("metadata", "license", fallback="")]
+    data = tomllib.loads(content)
+    if name == "Cargo.toml":
+        # Cargo's deprecated "MIT/Apache-2.0" means either license.
+        return [str(data.get("package", {}).get("license", "")).replace("/", " OR ")]
+    project = data.get("project", {})
+    value = project.get("license") or data.get("tool", {}).get("poetry", {}).get("license")
+    return [value.get("text", "") if isinstance(value, dict) else str(value or "")]
+
+
+def _normalise_license_name(value: str) -> str:
+    """``Apache License, Version 2.0`` -> ``Apache-2.0``; ``MIT License`` -> ``MIT``."""
+    value = re.sub(r"\([^)]*\)|\blicen[cs]e\b|\bversion\b|,", " ", value, flags=re.I)
+    value = re.sub(r"\s+v?(?=\d)", "-", value.strip(), flags=re.I)
+    return re.sub(r"\s+", " ", value).strip()
+
+
+def manifest_license(path: str, content: str) -> list[LicenseMatch]:
+    """Licenses a package manifest (package.json, pyproject.toml, Cargo.toml, setup.cfg,
+    composer.json) declares: SPDX expressions (or plain names like ``MIT License``);
+    ``UNLICENSED`` is a proprietary declaration; a value that names no known license is
+    ``unidentified_license``; ``SEE LICENSE IN ...`` and a manifest that cannot be read
+    declare nothing (the license file decides)."""
+    base = posixpath.basename(path)
+    try:
+        # A byte-order mark (Windows editors write one) is no part of JSON or TOML.
+        values = [v.strip() for v in _manifest_values(base, content.lstrip("\ufeff")) if v.strip()]
+    except (ValueError, AttributeError, configparser.Error):
+        return []
+    values = [v for v in values if not v.upper().startswith("SEE LICEN")]
+    if not values:
+        return []
+    if any(v.upper() in PROPRIETARY_MARKERS for v in values):
+        return [LicenseMatch("UNLICENSED", 1.0, 0, "manifest", "UNLICENSED")]
+    found = expression_matches(values, "manifest") or expression_matches(
+        [_normalise_license_name(v) for v in values], "manifest"
+    )
+    return found or [LicenseMatch(UNIDENTIFIED, 0.0, 0, "manifest")]
 
 
 def is_license_file(path: str) -> bool:
@@ -139,9 +209,9 @@ def license_of_file(path: str, content: str, min_score: float) -> list[LicenseMa
         return license_matches(content, min_score)
     if README_FILE.match(base):
         ids = [m.group(1).strip() for m in SPDX_LINE.finditer(content)]
-        keys = [k for e in ids for k in expression_keys(e)]
-        if keys:
-            return [LicenseMatch(k, 1.0, 0, "spdx") for k in dict.fromkeys(keys)]
+        found = expression_matches(ids, "spdx")
+        if found:
+            return found
         m = _README_SECTION.search(content)
         if m:
             section = m.group(2)
@@ -151,7 +221,7 @@ def license_of_file(path: str, content: str, min_score: float) -> list[LicenseMa
                 section,
             )
             if inline and expression_keys(inline.group(1)):
-                return [LicenseMatch(k, 1.0, 0, "readme") for k in expression_keys(inline.group(1))]
+                return expression_matches([inline.group(1)], "readme")
             return license_matches(section, min_score)
     return []
 
@@ -199,6 +269,35 @@ class _Spill:
         if self.file is not None:
             self.file.close()
         self.file, self.held, self.where = None, 0, {}
+
+
+def _reuse_license(path: str) -> str:
+    """The SPDX id a REUSE ``LICENSES/<id>.txt`` file is named for ('' for other paths)."""
+    folder, base = posixpath.split(path)
+    stem = base.rsplit(".", 1)[0] if "." in base else base
+    if posixpath.basename(folder) != "LICENSES" or not expression_keys(stem):
+        return ""
+    return stem
+
+
+def _reuse_matches(paths: list[str]) -> list[LicenseMatch]:
+    """A REUSE ``LICENSES/`` folder's licenses, as one expression that needs them all.
+
+    REUSE says which file is under which license in per-file headers (which decide when
+    present); a file without one may be under any of them, so all must be permissive.
+    """
+    ids = sorted({_reuse_license(p) for p in paths})
+    return expression_matches([" AND ".join(ids)], "reuse")
+
+
+def _source_rank(base: str) -> int:
+    """Which declaration wins in a folder (smaller first): a license file's text, then a
+    package manifest's field, then a README's license section, then a NOTICE file."""
+    if README_FILE.match(base):
+        return 2
+    if MANIFEST_FILE.match(base):
+        return 1
+    return 3 if base.lower().startswith("notice") else 0
 
 
 class LicenseStep:
@@ -262,14 +361,24 @@ class LicenseStep:
         # directory -> (all ids, deciding file, primaries, deciding score)
         dir_licenses: dict[str, tuple[tuple[str, ...], str, tuple[str, ...], float]] = {}
         found: dict[str, list[tuple[int, str, list[LicenseMatch]]]] = {}
+        reuse: dict[str, list[str]] = {}
         for rec in buf:
             if rec.drop_stage:
                 continue
             base = posixpath.basename(rec.path)
-            if not (LICENSE_FILE.match(base) or README_FILE.match(base)):
+            if _reuse_license(rec.path):
+                reuse.setdefault(posixpath.dirname(posixpath.dirname(rec.path)), []).append(
+                    rec.path
+                )
+                continue
+            manifest = MANIFEST_FILE.match(base) is not None
+            if not (LICENSE_FILE.match(base) or README_FILE.match(base) or manifest):
                 continue
             content = spill.content(rec)
-            matches = license_of_file(rec.path, content, self.config.min_score)
+            if manifest:
+                matches = manifest_license(rec.path, content)
+            else:
+                matches = license_of_file(rec.path, content, self.config.min_score)
             if (
                 not matches
                 and LICENSE_FILE.match(base)
@@ -280,19 +389,19 @@ class LicenseStep:
                 stats.count("unidentified_license_files")
             if matches:
                 stats.count("license_files")
-                rank = (
-                    1
-                    if README_FILE.match(base)
-                    else (2 if base.lower().startswith("notice") else 0)
-                )
+                rank = _source_rank(base)
                 found.setdefault(posixpath.dirname(rec.path), []).append((rank, rec.path, matches))
+        for d, paths in reuse.items():
+            stats.count("license_files", len(paths))
+            found.setdefault(d, []).append((0, min(paths), _reuse_matches(paths)))
         for d, items in found.items():
             items.sort(key=lambda it: (it[0], it[1]))
             best = items[0][0]
             chosen = [lst for r, _, lst in items if r == best]
             ids = tuple(dict.fromkeys(m.spdx for lst in chosen for m in lst))
             # Each file's first license is the project's own; the rest are bundled code's.
-            primaries = tuple(dict.fromkeys(lst[0].spdx for lst in chosen))
+            # A declared expression (``MIT OR Apache-2.0``) counts whole, not by its first id.
+            primaries = tuple(dict.fromkeys(lst[0].expression or lst[0].spdx for lst in chosen))
             dir_licenses[d] = (ids, items[0][1], primaries, items[0][2][0].score)
         for rec in buf:
             if rec.drop_stage:
@@ -323,7 +432,7 @@ class LicenseStep:
                 elif rec.license_ids:
                     # Several license files in one place mean a choice (dual licensing).
                     rec.license_type = classify_expression(
-                        " OR ".join(primaries), self.config.extra_permissive
+                        " OR ".join(f"({p})" for p in primaries), self.config.extra_permissive
                     )
                 else:
                     rec.license_type = NO_LICENSE

@@ -110,7 +110,10 @@ class LicenseMatch:
     spdx: str
     score: float
     start: int
-    method: str  # "askalono", "title" or "notice"
+    method: str  # "askalono", "title", "notice", "spdx", "readme" or "manifest"
+    expression: str = ""
+    """The SPDX expression the id was read from (``MIT OR Apache-2.0``), when one was:
+    its ORs and ANDs decide the license type, not the id alone."""
 
 
 @functools.lru_cache(maxsize=4096)

@@ -507,12 +507,14 @@ class SlotEngine:
         seen = np.zeros(vocab, bool)
         seen[prompt] = True
         table_row = np.zeros(self.pages_per_slot, np.int32) if pages is None else pages
+        # A top_k past the vocabulary keeps all of it and a min_tokens past max_tokens
+        # never ends early: clamped, they mean the same and fit int32 (1e12 overflowed).
         packed = {
             "key": np.asarray(settings.key, np.uint32),
             "max_tokens": np.int32(settings.max_tokens),
-            "min_tokens": np.int32(settings.min_tokens),
+            "min_tokens": np.int32(min(settings.min_tokens, settings.max_tokens)),
             "temperature": np.float32(settings.temperature),
-            "top_k": np.int32(settings.top_k),
+            "top_k": np.int32(min(settings.top_k, vocab)),
             "top_p": np.float32(settings.top_p),
             "repetition": np.float32(settings.repetition),
             "presence": np.float32(settings.presence),

@@ -21,7 +21,7 @@ import jaxcore as jc
 from inference.batching import Scheduler
 from inference.config import ServingConfig
 from inference.engine import SlotEngine
-from inference.request import Request, RequestError
+from inference.request import Request, RequestError, check_text
 from inference.sampling import SamplingParams
 from inference.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
 from inference.weights import REGISTRY, resolve_model
@@ -181,7 +181,7 @@ class LLM:
     def _encode(self, text: str) -> list[int]:
         # Special tokens (a Llama BOS) as transformers' tokenizer(text) and the server's
         # /v1/completions add them: without BOS such a model continues a different text.
-        return self.tokenizer.encode(text, add_special_tokens=True)
+        return self.tokenizer.encode(check_text(text), add_special_tokens=True)
 
     def _run(self, work: list[tuple[list[int], SamplingParams]]) -> list[Request]:
         """Submit ``work`` and wait; without the scheduler thread, step it here.

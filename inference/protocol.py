@@ -221,6 +221,13 @@ class ChatRequest(_Common):
             )
         if self.tools:
             raise APIError(400, "tools are not supported.", param="tools")
+        if self.tool_choice not in (None, "none", "auto"):  # without tools both mean text
+            raise APIError(
+                400,
+                f"tool_choice={json.dumps(self.tool_choice)} asks for a tool call, but this "
+                "server does not support tools; drop tool_choice (or send 'none' or 'auto').",
+                param="tool_choice",
+            )
         if self.response_format and self.response_format.get("type") not in (None, "text"):
             raise APIError(
                 400, "only response_format type 'text' is supported.", param="response_format"

@@ -32,6 +32,23 @@ class RequestError(jc.JaxcoreError, ValueError):
         self.param = param
 
 
+def check_text(text: str, param: str = "prompt") -> str:
+    """``text``, if it is valid Unicode; else a `RequestError` naming ``param``. JSON's
+    ``"\\ud800"`` and Python strings allow a lone UTF-16 surrogate, which no tokenizer can
+    encode (it failed with a TypeError: a 500 from the server)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise RequestError(
+            f"the {param} holds a lone UTF-16 surrogate ({text[e.start]!r} at character "
+            f"{e.start}), which is not valid Unicode; send a whole surrogate pair (one "
+            "character) or UTF-8 text.",
+            code="invalid_text",
+            param=param,
+        ) from None
+    return text
+
+
 class QueueFullError(jc.JaxcoreError, RuntimeError):
     """The waiting queue is full: retry later (HTTP 429)."""
 

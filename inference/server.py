@@ -29,7 +29,7 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi import Request as HTTPRequest
-from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from inference import openai_format as fmt
@@ -44,7 +44,7 @@ from inference.protocol import (
     chat_prompt,
     parse,
 )
-from inference.request import QueueFullError, Request, RequestError
+from inference.request import QueueFullError, Request, RequestError, check_text
 from inference.sampling import SamplingParams
 from jaxcore.models import TransformerConfig
 
@@ -150,8 +150,11 @@ class OpenAIServer:
     def _build(self) -> Any:
         app = FastAPI(title="jaxcore inference", docs_url=None, redoc_url=None)
 
-        def error(e: APIError) -> JSONResponse:
-            return JSONResponse(e.body(), status_code=e.status)
+        def error(e: APIError) -> Response:
+            # ASCII-escaped: a message quoting the client's text (a model name holding a
+            # lone surrogate) could not be encoded as UTF-8, which answered a 500.
+            body = json.dumps(e.body())
+            return Response(body, status_code=e.status, media_type="application/json")
 
         app.add_middleware(_Guard, server=self)
 
@@ -162,6 +165,10 @@ class OpenAIServer:
         @app.exception_handler(APIError)
         async def api_error(request: HTTPRequest, exc: APIError):
             return error(exc)
+
+        @app.exception_handler(RequestError)
+        async def request_error(request: HTTPRequest, exc: RequestError):
+            return error(APIError(400, str(exc), param=exc.param, code=exc.code))
 
         async def body_of(request: HTTPRequest) -> Any:
             raw = bytearray()
@@ -202,7 +209,8 @@ class OpenAIServer:
             if req.messages is not None:
                 ids, _ = self._chat_ids(req.messages, req.add_generation_prompt)
             else:
-                ids = self.tok.encode(req.prompt or "", add_special_tokens=req.add_special_tokens)
+                text = check_text(req.prompt or "")
+                ids = self.tok.encode(text, add_special_tokens=req.add_special_tokens)
             body: dict[str, Any] = {
                 "count": len(ids),
                 "max_model_len": self.llm.scheduler.max_len,
@@ -316,6 +324,8 @@ class OpenAIServer:
         self, messages: list[Any], add_generation_prompt: bool
     ) -> tuple[list[int], tuple]:
         """Token ids of a chat, and the stop strings its template needs."""
+        for i, m in enumerate(messages):
+            check_text(m.text(), f"messages.{i}.content")
         if self.tok.chat_template:
             text = self.tok.apply_chat_template(
                 [{"role": m.role, "content": m.text()} for m in messages],
@@ -327,11 +337,14 @@ class OpenAIServer:
     def _completion_prompts(self, req: CompletionRequest) -> list[list[int]]:
         p = req.prompt
         if isinstance(p, str):
-            return [self.tok.encode(p, add_special_tokens=True)]
+            return [self.tok.encode(check_text(p), add_special_tokens=True)]
         if p and all(isinstance(x, int) for x in p):
             return [list(p)]  # type: ignore[arg-type]
         if p and all(isinstance(x, str) for x in p):
-            return [self.tok.encode(x, add_special_tokens=True) for x in p]  # type: ignore[arg-type]
+            return [
+                self.tok.encode(check_text(x, f"prompt.{i}"), add_special_tokens=True)  # type: ignore[arg-type]
+                for i, x in enumerate(p)
+            ]
         if p and all(isinstance(x, list) for x in p):
             return [list(x) for x in p]  # type: ignore[arg-type]
         raise APIError(

@@ -43,8 +43,11 @@ def prepare(
     The torch optimizer's ``state_dict`` / ``load_state_dict`` then raise: its moments live
     in the `TrainState` (save and resume with ``jaxcore.Checkpointer``).
     The engine's train steps then follow the torch loop's host changes between steps:
-    ``param_groups`` values (``group["lr"] = ...``) and ``requires_grad_`` (see
-    `torchbridge.step`).
+    ``param_groups`` values (``group["lr"] = ...``), ``requires_grad_`` and
+    ``optimizer.zero_grad(set_to_none=False)`` (see `torchbridge.step`). The module keeps
+    its weights from before training: its ``state_dict()`` and eager calls warn once steps
+    have run, until ``model.load_state_dict(torchbridge.state_dict(state))`` copies the
+    trained ones in.
     """
     misnamed = linear_rules_on_conv1d(module, tuple(engine.config.param_rules))
     if misnamed:
@@ -77,6 +80,7 @@ def prepare(
         )
         hyperparams = HostHyperparams(optimizer, scheduler)
         _refuse_state_dicts(optimizer)
+        optimizer.zero_grad = functools.partial(_zero_grad, hyperparams)
     model = bridge(module, train=train)
     plan = TorchPlan.of(engine.plan(model.adapter(), tx), model, hyperparams)
     engine.last_plan = plan
@@ -96,6 +100,17 @@ def _refuse_state_dicts(optimizer: Any) -> None:
     """Make a prepared torch optimizer's (empty) state dicts raise instead of misleading."""
     for name in ("state_dict", "load_state_dict"):
         setattr(optimizer, name, functools.partial(_state_dict_refused, name))
+
+
+def _zero_grad(hyperparams: HostHyperparams, set_to_none: bool = True) -> None:
+    """A prepared optimizer's ``zero_grad``: torch's, and its ``set_to_none`` recorded.
+
+    With ``set_to_none=False`` torch keeps a zeroed ``.grad`` on every parameter that had
+    one, so its optimizer still steps those (momentum, weight decay) when they are frozen
+    or unread later; the bridged step follows (`torchbridge.step`).
+    """
+    type(hyperparams.optimizer).zero_grad(hyperparams.optimizer, set_to_none)
+    hyperparams.keeps_grads = not set_to_none
 
 
 def loss(

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import base64
 import logging
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 import grain
@@ -38,14 +38,20 @@ log = logging.getLogger(__name__)
 
 
 def numpy_tree(x: Any) -> Any:
-    """Torch tensors (in any nesting of dicts, lists and tuples) as NumPy arrays."""
+    """Torch tensors (in any nesting of mappings, lists and tuples) as NumPy arrays.
+
+    Every mapping becomes a plain dict: transformers' collators return a ``BatchEncoding``
+    (a ``UserDict``), which JAX would take for one leaf, not a dict of arrays.
+    """
     import torch
     from torch.utils import _pytree
 
-    return _pytree.tree_map(
-        lambda v: to_numpy(v) if isinstance(v, torch.Tensor) else v,
-        x,
-    )
+    def one(v: Any) -> Any:
+        if isinstance(v, Mapping):
+            return {k: numpy_tree(item) for k, item in v.items()}
+        return to_numpy(v) if isinstance(v, torch.Tensor) else v
+
+    return _pytree.tree_map(one, x, is_leaf=lambda v: isinstance(v, Mapping))
 
 
 class DatasetSource:

@@ -144,8 +144,94 @@ class ModuleSpec:
             aliases=aliases,
             dtypes=dtypes,
             shapes=shapes,
-            state_dict_keys=tuple(module.state_dict(keep_vars=True).keys()),
+            state_dict_keys=_state_dict_keys(module),
         )
+
+
+def _state_dict_keys(module: Any) -> tuple[str, ...]:
+    """The keys of ``module.state_dict()``, read without `_warn_if_behind`'s warning."""
+    with _quietly():
+        return tuple(module.state_dict(keep_vars=True).keys())
+
+
+# ----------------------------------------------------------------------------- stale weights
+# A prepared torch module keeps the tensors it had at prepare: training updates the
+# TrainState only. Modules a bridged step has trained since prepare, or since the last
+# `load_state_dict` into them, are "behind"; their own ``state_dict()`` (what
+# ``torch.save(model.state_dict())`` and ``save_pretrained`` read) warns instead of handing
+# back the pre-training weights silently, and so does running it eagerly (``model(x)``,
+# ``model.generate(...)``) outside a bridged call. The hooks are module-level functions,
+# so a hooked module still pickles and deep-copies (a copy is not behind).
+_BEHIND: weakref.WeakSet = weakref.WeakSet()
+_quiet = threading.local()
+
+BEHIND_WARNING = (
+    "torchbridge: {name}.state_dict() after bridged training steps returns the weights "
+    "from before them: the trained ones are in the TrainState, and the torch module keeps "
+    "the tensors it had at prepare. Use torchbridge.state_dict(state) (or "
+    "torchbridge.save_safetensors(state, path)), or first copy them into the module with "
+    "model.load_state_dict(torchbridge.state_dict(state))."
+)
+
+
+CALLED_BEHIND_WARNING = (
+    "torchbridge: {name} runs eagerly in torch after bridged training steps, on the weights "
+    "from before them (the trained ones are in the TrainState). Copy them in first: "
+    "model.load_state_dict(torchbridge.state_dict(state))."
+)
+
+
+@contextlib.contextmanager
+def _quietly() -> Iterator[None]:
+    """Silence `_warn_if_behind` / `_warn_if_called_behind` (the bridge's own reads)."""
+    old = getattr(_quiet, "on", False)
+    _quiet.on = True
+    try:
+        yield
+    finally:
+        _quiet.on = old
+
+
+def _warn_if_behind(module: Any, prefix: str, keep_vars: bool) -> None:
+    """``state_dict`` pre-hook: warn when the module's own tensors are behind the state."""
+    del prefix, keep_vars
+    if module in _BEHIND and not getattr(_quiet, "on", False):
+        warnings.warn(BEHIND_WARNING.format(name=type(module).__name__), stacklevel=3)
+
+
+def _warn_if_called_behind(module: Any, args: Any) -> None:
+    """Forward pre-hook: warn when an eager call would use weights behind the state."""
+    del args
+    if module in _BEHIND and not getattr(_quiet, "on", False):
+        # Up the stack: torch's `inner`, `_call_impl`, `_wrapped_call_impl`, the caller.
+        warnings.warn(CALLED_BEHIND_WARNING.format(name=type(module).__name__), stacklevel=5)
+
+
+def _caught_up(module: Any, incompatible_keys: Any) -> None:
+    """``load_state_dict`` post-hook: the module holds the weights just loaded."""
+    del incompatible_keys
+    _BEHIND.discard(module)
+
+
+def _watch_staleness(module: Any) -> None:
+    """Hook ``module``'s state_dict / load_state_dict once (see `_BEHIND`).
+
+    A module prepared again after training without the trained weights loaded would
+    restart from its old ones: that warns too.
+    """
+    if module in _BEHIND:
+        warnings.warn(
+            f"torchbridge: preparing {type(module).__name__} again after bridged training "
+            "steps starts from its own tensors, the weights from before those steps. Load "
+            "the trained ones first: model.load_state_dict(torchbridge.state_dict(state)).",
+            stacklevel=5,
+        )
+    # A deep copy of a hooked module carries the hooks already.
+    if _warn_if_behind in getattr(module, "_state_dict_pre_hooks", {}).values():
+        return
+    module.register_state_dict_pre_hook(_warn_if_behind)
+    module.register_load_state_dict_post_hook(_caught_up)
+    module.register_forward_pre_hook(_warn_if_called_behind)
 
 
 # ----------------------------------------------------------------------------- environment
@@ -491,6 +577,7 @@ class BoundModule:
         usage = _usage.start(trained, self._used)
         with (
             bridge.lock,
+            _quietly(),
             _mode(root, train, force=bridge.train is True),
             _keyed(env, rng),
             _module_stack(root) as stack,
@@ -538,6 +625,13 @@ class TorchModel:
         self.env = environment()
         self.spec = ModuleSpec.of(module)
         self.lock = threading.RLock()
+        # torch's `.grad` bookkeeping, for `state_of`'s skip set (see `TorchTrainStep`):
+        # the parameters the traced loss does not read, those holding a `.grad` after the
+        # last step, and those whose `.grad` the coming step starts with.
+        self.unused: frozenset[str] | None = None
+        self.had_grad: frozenset[str] = frozenset()
+        self.carry: frozenset[str] = frozenset()
+        _watch_staleness(module)
         tensors = dict(module.named_parameters())
         tensors.update(module.named_buffers())
         self._check_supported(module)
@@ -583,12 +677,24 @@ class TorchModel:
     def state_of(self, bound: BoundModule) -> Any:
         """The buffers after the loss function ran; records the parameters without gradient.
 
-        torch's optimizer skips a parameter whose ``.grad`` is None (the loss never read
-        it, or it is frozen); `torchbridge.to_optax`'s update skips the ones recorded here.
+        torch's optimizer skips a parameter whose ``.grad`` is None: the loss never read
+        it, or it is frozen, unless it kept a zeroed ``.grad`` from an earlier step
+        (``zero_grad(set_to_none=False)``: ``carry``). `torchbridge.to_optax`'s update
+        skips the ones recorded here.
         """
         if bound._used is not None:
-            NO_GRAD[self.module] = frozenset(n for n in self.spec.params if n not in bound._used)
+            self.unused = frozenset(n for n in self.spec.params if n not in bound._used)
+            NO_GRAD[self.module] = self.skipped()
         return bound.model_state
+
+    def skipped(self) -> frozenset[str] | None:
+        """The parameters the traced step skips (``None`` before the first trace)."""
+        return None if self.unused is None else self.unused - self.carry
+
+    def stepped(self) -> None:
+        """After a train step: which parameters hold a ``.grad``; the module is behind."""
+        self.had_grad = self.carry | (frozenset(self.spec.params) - (self.unused or frozenset()))
+        _BEHIND.add(self.module)
 
     def adapter(self) -> jc.ModelAdapter:
         """The `jaxcore.ModelAdapter` the engine's ``prepare`` accepts."""

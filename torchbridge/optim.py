@@ -10,7 +10,8 @@ torch      optax
 SGD        ``add_decayed_weights(wd)`` (L2 into the gradient), ``trace(momentum,
            nesterov)`` (torch's buffer starts at the first gradient, as optax's trace
            from zero does), ``scale(-lr)``
-Adam       ``add_decayed_weights(wd)``, ``scale_by_adam(b1, b2, eps)``, ``scale(-lr)``
+Adam       ``add_decayed_weights(wd)``, ``scale_by_adam(b1, b2, eps)`` (with torch's
+           step count per parameter: `scale_by_adam_per_parameter`), ``scale(-lr)``
 AdamW      ``scale_by_adam``, ``add_decayed_weights(wd)`` (decoupled), ``scale(-lr)``:
            ``p - lr * (adam + wd * p)`` is torch's ``p * (1 - lr * wd) - lr * adam``
 =========  ==============================================================================
@@ -26,7 +27,7 @@ its closed form below matches torch's recursive one. Parameter groups map to
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -206,11 +207,50 @@ def _sgd(learning_rate, momentum, weight_decay, *, nesterov, maximize):
     return optax.chain(*parts)
 
 
+class AdamState(NamedTuple):
+    """`scale_by_adam_per_parameter`'s state: each count has its parameter's tree path."""
+
+    count: Any
+    mu: Any
+    nu: Any
+
+
+def scale_by_adam_per_parameter(b1: Any, b2: Any, eps: Any) -> optax.GradientTransformation:
+    """``optax.scale_by_adam`` with one step count per parameter, as torch keeps it.
+
+    torch's Adam counts steps per parameter (``state["step"]``): a parameter frozen or
+    unread for k steps, then trained again, bias-corrects its moments with its own count,
+    not the group's. `skip_without_grad` keeps a skipped parameter's count as it keeps its
+    moments. The arithmetic is optax's, term for term.
+    """
+
+    def init(params):
+        count = jax.tree.map(lambda _: jnp.zeros([], jnp.int32), params)
+        return AdamState(
+            count=count, mu=optax.tree.zeros_like(params), nu=optax.tree.zeros_like(params)
+        )
+
+    def correct(moment, decay, count):
+        return jax.tree.map(lambda t, n: t / (1 - decay**n).astype(t.dtype), moment, count)
+
+    def update(updates, state, params=None):
+        del params
+        mu = optax.tree.update_moment(updates, state.mu, b1, 1)
+        nu = optax.tree.update_moment_per_elem_norm(updates, state.nu, b2, 2)
+        count = jax.tree.map(optax.safe_increment, state.count)
+        updates = jax.tree.map(
+            lambda m, v: m / (jnp.sqrt(v) + eps), correct(mu, b1, count), correct(nu, b2, count)
+        )
+        return updates, AdamState(count=count, mu=mu, nu=optax.tree.cast_like(nu, state.nu))
+
+    return optax.GradientTransformation(init, update)
+
+
 def _adam(learning_rate, b1, b2, eps, weight_decay, *, decoupled, maximize):
     parts = [optax.scale(-1.0)] if maximize else []
     if not decoupled:
         parts.append(optax.add_decayed_weights(weight_decay))
-    parts.append(optax.scale_by_adam(b1=b1, b2=b2, eps=eps))
+    parts.append(scale_by_adam_per_parameter(b1, b2, eps))
     if decoupled:
         parts.append(optax.add_decayed_weights(weight_decay))
     parts.append(optax.scale_by_learning_rate(learning_rate))
@@ -412,6 +452,9 @@ class HostHyperparams:
     def __init__(self, optimizer: Any, scheduler: Any | None = None):
         self.optimizer = optimizer
         self.groups = len(optimizer.param_groups)
+        # Whether the loop's latest `optimizer.zero_grad` kept zeroed gradients
+        # (set_to_none=False), so torch would still step a parameter that had one.
+        self.keeps_grads = False
         self.scheduled: set[str] = set()
         if scheduler is not None:
             self.scheduled.add("learning_rate")

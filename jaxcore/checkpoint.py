@@ -253,8 +253,9 @@ class Checkpointer:
             save_decision_policy=ocm.AnySavePolicy(save),
             preservation_policy=ocm.AnyPreservationPolicy(keep) if len(keep) > 1 else keep[0],
             enable_async_checkpointing=cfg.async_save,
-            # Leftover temporary directories are saves that were killed mid-write.
-            cleanup_tmp_directories=True,
+            # Leftover temporary directories are removed once the writer lock is ours
+            # (`_claim_directory`): here they may be a live run's save in flight.
+            cleanup_tmp_directories=False,
             # The manifest is written inside the temporary step, before its rename.
             temporary_path_class=manifested_rename(self.directory),
             create=True,
@@ -341,13 +342,27 @@ class Checkpointer:
         if jax.process_index() != 0:
             return
         try:
-            self._writer.claim()
+            first = self._writer.claim()
         except BusyDirectory as e:
             raise CheckpointError(
                 f"another run ({e.owner}) is saving checkpoints to {self.directory}; two "
                 "runs in one directory would interleave their steps. Stop that run, or give "
                 "this one another CheckpointConfig.directory."
             ) from None
+        if first:
+            self._remove_killed_saves()
+
+    def _remove_killed_saves(self) -> None:
+        """Delete the temporary step directories of saves killed mid-write. Called with
+        the writer lock just taken from no one: none of them is a live run's save."""
+        from orbax.checkpoint._src.futures import future
+        from orbax.checkpoint._src.path import temporary_paths
+
+        future.CommitFuture(
+            temporary_paths.cleanup_temporary_paths(
+                self.directory, temporary_path_cls=manifested_rename(self.directory)
+            )
+        ).result()
 
     def _save(self, step: int, state: TrainState, loader: Any, metrics: Any) -> bool:
         self._claim_directory()
@@ -429,22 +444,47 @@ class Checkpointer:
         ) from error
 
     def close(self) -> None:
-        """Finish pending saves, release Orbax's threads and SIGTERM (idempotent)."""
+        """Finish pending saves, release Orbax's threads and SIGTERM (idempotent).
+
+        A save the storage refused raises `CheckpointError`, from the pending saves or
+        from Orbax's own shutdown (a write still queued when the disk filled).
+        """
+        self._shutdown(raising=True)
+
+    def _shutdown(self, *, raising: bool) -> None:
+        """`close`. Every step runs; the first failure is raised, the others are logged.
+        With ``raising=False`` (an error is already on its way out) all are logged: they
+        would replace that error, often with a raw OSError of the same full disk."""
         if self._closed:
             return
         self._closed = True
+        errors: list[Exception] = []
         try:
-            self.wait()
+            for finish in (self.wait, self._close_manager):
+                try:
+                    finish()
+                except Exception as e:
+                    errors.append(e)
         finally:
-            self._mgr.close()
             self._preemption.close()
             self._writer.release()
+        for e in errors[1:] if raising else errors:
+            log.error("closing the Checkpointer of %s: %s: %s", self.directory, type(e).__name__, e)
+        if raising and errors:
+            raise errors[0]
+
+    def _close_manager(self) -> None:
+        try:
+            self._mgr.close()
+        except Exception as e:
+            self._raise_if_storage(e, None)
+            raise
 
     def __enter__(self) -> Checkpointer:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> None:
+        self._shutdown(raising=exc is None)
 
     # ----------------------------------------------------------------- verification
     def verify(self, step: int) -> Damage | None:

@@ -95,7 +95,8 @@ class InputConfig:
         prefetch: batches Grain prepares ahead of the training loop.
         num_threads: Grain reader threads that build batches.
         worker_count: Grain worker processes (``0``: threads in this process). The source
-            must be picklable.
+            must be picklable. A streaming source is read in shares, one per worker, so
+            the count is part of its order: its position resumes only with the same count.
         shard_stream: for streaming sources, deal elements round-robin to processes.
             Set ``False`` when each process already reads its own part of the stream.
     """
@@ -297,6 +298,22 @@ def _measure(base: grain.MapDataset) -> np.ndarray:
     return np.fromiter((len(_tokens_of(base[i])) for i in it), np.int64, n)
 
 
+def _worker_options(count: int) -> grain.MultiprocessingOptions:
+    """Grain's options for ``count`` worker processes, with absl's flags usable.
+
+    Grain's ``mp_prefetch`` reads its ``--grain_*`` absl flags when the workers start,
+    which raises ``UnparsedFlagAccessError`` unless the program parsed absl's flags (only
+    ``absl.app.run`` does): a plain script, a notebook or pytest could not use workers.
+    Unparsed flags are marked parsed with their defaults (``grain.config.update`` still
+    sets them); flags a program already parsed are left as they are.
+    """
+    from absl import flags
+
+    if not flags.FLAGS.is_parsed():
+        flags.FLAGS.mark_as_parsed()
+    return grain.MultiprocessingOptions(num_workers=count)
+
+
 class _PadMap(grain.transforms.Map):
     def __init__(self, width: int, pad_id: int):
         self.width, self.pad_id = width, pad_id
@@ -406,6 +423,7 @@ class Loader:
         if self.streaming:
             self._ensure_iter()
             out["grain_state"] = self._iter.get_state()
+            out["worker_count"] = cfg.worker_count
         else:
             out["num_documents"] = self._rows.n
         return out
@@ -433,6 +451,13 @@ class Loader:
                     f"{state[key]!r}: the saved position would point at different data. "
                     f"Resume with {key}={state[key]!r}."
                 )
+        if self.streaming and state.get("worker_count", cfg.worker_count) != cfg.worker_count:
+            raise ConfigError(
+                f"InputConfig.worker_count={cfg.worker_count} differs from the checkpoint's "
+                f"{state['worker_count']}: a stream's position is Grain's state per worker "
+                "(each worker reads its own share of the stream), so it continues only with "
+                f"the same workers. Resume with worker_count={state['worker_count']}."
+            )
         if not self.streaming and state.get("num_documents") != self._rows.n:
             raise ConfigError(
                 f"the source has {self._rows.n} documents but the checkpoint was written "
@@ -473,7 +498,7 @@ class Loader:
             grain.ReadOptions(num_threads=cfg.num_threads, prefetch_buffer_size=cfg.prefetch)
         )
         if cfg.worker_count:
-            it_ds = it_ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=cfg.worker_count))
+            it_ds = it_ds.mp_prefetch(_worker_options(cfg.worker_count))
         self._iter = iter(it_ds)
 
     def _stream_dataset(self) -> grain.IterDataset:
@@ -492,7 +517,7 @@ class Loader:
             ds = ds.map(_Unsegment())
         ds = ds.batch(self.hi - self.lo, drop_remainder=True)
         if cfg.worker_count:
-            ds = ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=cfg.worker_count))
+            ds = ds.mp_prefetch(_worker_options(cfg.worker_count))
         else:
             ds = grain.experimental.ThreadPrefetchIterDataset(ds, prefetch_buffer_size=cfg.prefetch)
         return ds

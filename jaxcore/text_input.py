@@ -1,9 +1,10 @@
 """Text documents as token sources for `jc.Loader`, through a Hugging Face tokenizer.
 
 `TextSource(texts, tokenizer)` is a random-access Grain source: element ``i`` is the
-token ids of ``texts[i]`` (a string, or a dict with a ``"text"`` field), tokenized on
-access with `jaxcore.load_tokenizer`'s tokenizer (a ``tokenizer.json``, a HF model folder,
-a ``tokenizers.Tokenizer`` or a ``transformers`` fast tokenizer). Packing needs each
+token ids of ``texts[i]`` (a string, or a dict with a ``"text"`` field; ``field=`` names
+another, as a Parquet or JSONL column), tokenized on access with `jaxcore.load_tokenizer`'s
+tokenizer (a ``tokenizer.json``, a HF model folder, a ``tokenizers.Tokenizer`` or a
+``transformers`` fast tokenizer). Packing needs each
 document's length: they are computed once, up front, by tokenizing in batches
 (``encode_batch`` runs on all cores). Pass ``InputConfig(eos_id=tok.eos_id)`` to separate
 packed documents with the model's end-of-text token, as its pre-training did.
@@ -15,6 +16,7 @@ packed documents with the model's end-of-text token, as its pre-training did.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -24,20 +26,54 @@ from jaxcore.errors import ConfigError
 from jaxcore.tokenization import Tokenizer, load_tokenizer
 
 
-def _text_of(element: Any, index: int) -> str:
+def _field_hint(element: dict) -> str:
+    """Which of a record's keys could be its text (those holding a str), as advice."""
+    keys = sorted(k for k, v in element.items() if isinstance(v, str))
+    if not keys:
+        return ""
+    named = repr(keys[0]) if len(keys) == 1 else f"one of {keys}"
+    return f" Name the text field: TextSource(..., field={named})."
+
+
+def _text_of(element: Any, index: int, field: str = "text") -> str:
     if isinstance(element, dict):
-        if "text" not in element:
+        if field not in element:
             raise ConfigError(
                 f"TextSource: element {index} is a dict with keys {sorted(element)} and no "
-                "'text'; each document must be a str or a dict with a 'text' str."
+                f"{field!r}; each document must be a str or a dict with a {field!r} str."
+                f"{_field_hint(element)}"
             )
-        element = element["text"]
+        element = element[field]
+    if isinstance(element, bytes):
+        raise ConfigError(
+            f"TextSource: element {index} is bytes; decode the documents to str first "
+            "(data.decode('utf-8', errors='replace'), or the file's encoding)."
+        )
     if not isinstance(element, str):
         raise ConfigError(
             f"TextSource: element {index} is {type(element).__name__}; each document must be "
-            "a str or a dict with a 'text' str."
+            f"a str or a dict with a {field!r} str."
         )
     return element
+
+
+def _check_texts(texts: Any) -> None:
+    """Refuse a str, bytes or path as the documents (a str is a sequence: it would silently
+    become one document per character), and a stream (it has no ``len`` for the lengths)."""
+    if isinstance(texts, str | bytes | os.PathLike):
+        raise ConfigError(
+            f"TextSource(texts={texts!r:.80}): texts is one {type(texts).__name__}, not a "
+            "sequence of documents (a str would become one document per character). Read "
+            "the file first, e.g. a JSONL: [json.loads(line)['text'] for line in open(path)], "
+            "or grain.sources.ArrayRecordDataSource / a list of dicts."
+        )
+    if not (hasattr(texts, "__len__") and hasattr(texts, "__getitem__")):
+        raise ConfigError(
+            f"TextSource(texts=<{type(texts).__name__}>): texts must be random access (len and "
+            "texts[i]), as a list, a grain.MapDataset or a Grain data source. Read a stream "
+            "into a list, or tokenize it in the stream (ds.map(lambda r: "
+            "np.asarray(tok.encode(r['text'])))) and pass that grain.IterDataset to jc.Loader."
+        )
 
 
 def _not_utf8(texts: Sequence[str], first: int) -> ConfigError | None:
@@ -70,14 +106,18 @@ class TextSource:
         *,
         add_special_tokens: bool = False,
         batch_size: int = 256,
+        field: str = "text",
     ):
+        _check_texts(texts)
         self.texts = texts
         self.tokenizer = load_tokenizer(tokenizer)
         self.add_special_tokens = add_special_tokens
+        self.field = field
         lengths = []
         for start in range(0, len(texts), batch_size):
             chunk = [
-                _text_of(texts[i], i) for i in range(start, min(start + batch_size, len(texts)))
+                _text_of(texts[i], i, field)
+                for i in range(start, min(start + batch_size, len(texts)))
             ]
             try:
                 encoded = self.tokenizer.backend.encode_batch(
@@ -92,7 +132,7 @@ class TextSource:
         return len(self.texts)
 
     def __getitem__(self, index: int) -> np.ndarray:
-        text = _text_of(self.texts[index], index)
+        text = _text_of(self.texts[index], index, self.field)
         ids = self.tokenizer.encode(text, add_special_tokens=self.add_special_tokens)
         return np.asarray(ids, np.int32)
 

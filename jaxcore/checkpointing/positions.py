@@ -49,12 +49,28 @@ def step_indexed(loader: Any) -> bool:
     return bool(getattr(loader, "step_indexed", False))
 
 
+def _check_json(loader: Any, state: Any) -> None:
+    """Raise `ConfigError` unless ``state`` is JSON: checked here, at the save that got it,
+    because the write happens later, in Orbax's thread, where a failure loses the step
+    and surfaces at another save as a bare TypeError."""
+    try:
+        json.dumps(state)
+    except (TypeError, ValueError) as e:
+        raise ConfigError(
+            f"{type(loader).__name__}.get_state() returned a position that is not JSON ({e}); "
+            "checkpoints store it as JSON. Return dicts, lists, str, int, float, bool or None "
+            "(int(x) for a NumPy number), or bytes for a position saved per process."
+        ) from e
+
+
 def save_items(loader: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """The Orbax items that hold ``loader``'s position, and what the record says of it."""
     import grain
 
     state = loader.get_state()
     info = {"step_indexed": step_indexed(loader), "type": type(loader).__qualname__}
+    if info["step_indexed"] or not isinstance(state, bytes):
+        _check_json(loader, state)
     if info["step_indexed"]:
         return {SHARED: ocp.args.JsonSave(state)}, info
     return {PER_PROCESS: grain.checkpoint.CheckpointSave(_Position(state))}, info

@@ -9,6 +9,11 @@ processes of the same run write their shards beside it) and keeps it until the
 leaves a stale lock. Readers (restores, exports) never take it. Checkpointers of one
 process share the claim, so a second one on the same directory in the same process (a
 restarted trial) is not refused.
+
+The temporary directories of saves killed mid-write are removed by the run that takes the
+lock from no one, just before its first save: only then is none of them a live run's save
+in flight (Orbax's ``cleanup_tmp_directories`` removes them whenever a manager is built,
+a reader's included, and so deleted the save a running job was writing).
 """
 
 from __future__ import annotations
@@ -41,17 +46,22 @@ class WriterLock:
         self.path = str(directory / LOCK_FILE)
         self.claimed = False
 
-    def claim(self) -> None:
-        """Take the lock, or raise `BusyDirectory` naming the process that holds it."""
+    def claim(self) -> bool:
+        """Take the lock, or raise `BusyDirectory` naming the process that holds it.
+
+        Returns whether this call took it from no one: no save of any live run can then be
+        in flight in the directory (one of this process's other Checkpointers may have one
+        when it shares the claim).
+        """
         import fcntl
 
         if self.claimed:
-            return
+            return False
         with _guard:
             if self.path in _held:
                 _held[self.path][1] += 1
                 self.claimed = True
-                return
+                return False
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -63,11 +73,12 @@ class WriterLock:
                 os.close(fd)
                 log.warning("cannot lock %s (%s); not guarding against a second run", self.path, e)
                 self.claimed = True
-                return
+                return True  # no lock to tell by: leftovers are removed, a live save or not
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()}\n".encode(), 0)
             _held[self.path] = [fd, 1]
         self.claimed = True
+        return True
 
     def release(self) -> None:
         if not self.claimed:

@@ -70,6 +70,8 @@ class BatchContract:
             row may be one longer: it holds the inputs plus the shifted target
             (`jaxcore.models.lm_loss`).
         check_values: whether token ids are range-checked.
+        tokens_2d: token ids are exactly ``(batch, length)`` (the native models); ``False``
+            allows ``(batch, ..., length)`` (a bridged torch module's multiple-choice ids).
         process_block, process_blocks: which block of the batch's rows this process
             holds, of how many (`jaxcore.sharding.process_batch_block`); a process-local
             batch has ``1 / process_blocks`` of the rows.
@@ -82,6 +84,7 @@ class BatchContract:
     vocab_size: int | None = None
     max_seq_len: int | None = None
     check_values: bool = True
+    tokens_2d: bool = True
     process_block: int = 0
     process_blocks: int = 1
 
@@ -213,17 +216,18 @@ class BatchChecker:
                     f"with tokens.astype(np.int32) (and check the data: floats often mean "
                     f"features were passed where ids belong)."
                 )
-            if len(shape) != 2:
+            if len(shape) != 2 and (c.tokens_2d or len(shape) < 2):
                 raise BatchError(
-                    f"batch[{name}] has shape {tuple(shape)}; token ids must be 2-d "
-                    f"(batch, length). Reshape it, or put extra dimensions under another key."
+                    f"batch[{name}] has shape {tuple(shape)}; token ids must be "
+                    + ("2-d (batch, length)" if c.tokens_2d else "(batch, ..., length)")
+                    + ". Reshape it, or put extra dimensions under another key."
                 )
             limit = c.max_seq_len
             if limit is not None:
                 limit += 1 if name == "tokens" else 0
-                if shape[1] > limit:
+                if shape[-1] > limit:
                     raise BatchError(
-                        f"batch[{name}] has rows of {shape[1]} tokens but the model's "
+                        f"batch[{name}] has rows of {shape[-1]} tokens but the model's "
                         f"max_seq_len is {c.max_seq_len} (a 'tokens' row may hold one more: "
                         f"the shifted target). Cut the sequences to {limit} or build the "
                         f"model with a larger max_seq_len."

@@ -16,7 +16,8 @@ call of the jitted step, which itself is jaxcore's unchanged:
 
 Batches may hold torch tensors (a ``DataLoader``'s own batches, a ``BatchEncoding``): they
 become NumPy first. ``labels`` is not held to the engine's token-id contract (2-d integer
-ids): a torch head's target may be class ids ``(batch,)`` or floats (regression).
+ids): a torch head's target may be class ids ``(batch,)`` or floats (regression); and
+token ids may have more than two dimensions, ``(batch, ..., length)`` (multiple choice).
 """
 
 from __future__ import annotations
@@ -51,7 +52,9 @@ class TorchPlan(TrainPlan):
         fields = {f.name: getattr(plan, f.name) for f in dataclasses.fields(TrainPlan)}
         contract = fields["checker"].contract
         token_keys = tuple(k for k in contract.token_keys if k != "labels")
-        fields["checker"] = BatchChecker(dataclasses.replace(contract, token_keys=token_keys))
+        fields["checker"] = BatchChecker(
+            dataclasses.replace(contract, token_keys=token_keys, tokens_2d=False)
+        )
         return cls(**fields, torch_model=model, hyperparams=hyperparams)
 
     def train_step(self, loss_fn: LossFn) -> TrainStep:

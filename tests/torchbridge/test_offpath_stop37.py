@@ -301,3 +301,50 @@ def test_zero_grad_set_to_none_false_keeps_stepping_frozen_parameters_like_torch
         assert max_abs_diff_to_torch(state.params, theirs) < 1e-6, f"step {i}"
     # Traced at steps 0 (all train), 2 (a frozen, still stepped), 4 (a skipped): no more.
     assert len(traces) == 3
+
+
+def test_multiple_choice_ids_of_three_dimensions_train_like_torch():
+    """``BertForMultipleChoice`` takes ``input_ids`` of shape (batch, choices, length): the
+    bridged step accepts them (the engine's 2-d token contract is the native LM's) and its
+    losses equal torch's. SGD, not Adam: Adam turns the float noise of gradients that are
+    zero in exact arithmetic (the key biases) into full-size steps, 2e-5 apart by step 3."""
+    cfg = transformers.BertConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        vocab_size=64,
+        max_position_embeddings=32,
+        hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0,
+    )
+    torch.manual_seed(0)
+    ours = transformers.BertForMultipleChoice(cfg).train()
+    theirs = copy.deepcopy(ours)
+    rng = np.random.default_rng(0)
+    batches = [
+        {
+            "input_ids": rng.integers(1, 64, (8, 3, 10)).astype(np.int32),
+            "attention_mask": np.ones((8, 3, 10), np.int32),
+            "labels": rng.integers(0, 3, 8).astype(np.int32),
+        }
+        for _ in range(3)
+    ]
+    topt = torch.optim.SGD(theirs.parameters(), lr=0.1)
+    expected = []
+    for b in batches:
+        topt.zero_grad()
+        loss = theirs(**{k: torch.as_tensor(v).long() for k, v in b.items()}).loss
+        loss.backward()
+        topt.step()
+        expected.append(float(loss.detach()))
+    engine = jc.Engine(parallel=jc.ParallelConfig(fsdp=8))
+    state = torchbridge.prepare(engine, ours, torch.optim.SGD(ours.parameters(), lr=0.1))
+    step = engine.train_step(lambda m, batch, rng: (m(**batch, rng=rng).loss, {}))
+    losses = []
+    for b in batches:
+        state, metrics = step(state, b)
+        losses.append(float(metrics["loss"]))
+    np.testing.assert_allclose(losses, expected, rtol=1e-5)
+    with pytest.raises(jc.BatchError, match="token ids"):  # ids of one dimension still refused
+        step(state, {**batches[0], "input_ids": batches[0]["input_ids"][:, 0, 0]})

@@ -270,8 +270,12 @@ class Engine:
         and the whole batch when it is not (a pipeline spanning hosts: every stage sees
         every microbatch). The checks include the model's token limits once a plan exists,
         and, on the first batch, that processes holding the same rows passed the same data.
+        Once a plan exists its own ``shard_batch`` runs (a bridged torch plan's takes torch
+        tensors too).
         """
-        return _shard_batch(batch, self.batch_sharding, self._batch_checker())
+        if self.last_plan is not None:
+            return self.last_plan.shard_batch(batch)
+        return _shard_batch(batch, self.batch_sharding, self._checker)
 
     @property
     def process_batch_block(self) -> tuple[int, int]:

@@ -348,3 +348,21 @@ def test_multiple_choice_ids_of_three_dimensions_train_like_torch():
     np.testing.assert_allclose(losses, expected, rtol=1e-5)
     with pytest.raises(jc.BatchError, match="token ids"):  # ids of one dimension still refused
         step(state, {**batches[0], "input_ids": batches[0]["input_ids"][:, 0, 0]})
+
+
+def test_engine_shard_batch_takes_the_bridged_plans_torch_batches():
+    """``engine.shard_batch`` (the README's loop) goes through the last plan, so a torch
+    DataLoader's batch of int64 tensors is sharded like the step's own batches."""
+    model = Classifier()
+    engine = jc.Engine(parallel=jc.ParallelConfig(fsdp=8))
+    state = torchbridge.prepare(engine, model, torch.optim.SGD(model.parameters(), lr=0.1))
+    batch = {
+        "input_ids": torch.randint(0, 32, (8, 5)),
+        "attention_mask": torch.ones(8, 5, dtype=torch.int64),
+        "labels": torch.randint(0, 3, (8,)),
+    }
+    sharded = engine.shard_batch(batch)
+    assert sharded["labels"].shape == (8,) and sharded["input_ids"].dtype == np.int32
+    step = engine.train_step(lambda m, b, rng: (m(**b, rng=rng).loss, {}))
+    state, metrics = step(state, sharded)
+    assert np.isfinite(float(metrics["loss"]))

@@ -13,6 +13,14 @@ the process exits with `jaxcore.PREEMPTION_EXIT_CODE` (75); running the same com
 resumes there and ends as an uninterrupted run. Further SIGTERMs change nothing (a save
 in progress is never cut short); a SIGTERM after the last step lets the run finish (0).
 
+SFT, reward and DPO also run as several processes (``jaxcore launch -n 2
+--devices-per-process 4 -m jaxcore.cli rlhf sft ...``, srun, a TPU pod): each joins the
+run (`jaxcore.initialize`) and feeds its block of every batch, so the result is the one
+process's within float tolerance; process 0 writes the metrics. A SIGTERM to any of them
+(or to the launcher, which forwards it) stops all at the same step (JAX's preemption
+sync point), one checkpoint is saved and each exits 75. PPO and GRPO sample rollouts on
+one process's devices: started as several processes they stop at once with an error.
+
 ``JAXCORE_RLHF_KILL_AT`` / ``JAXCORE_RLHF_TERM_AT`` send SIGKILL / SIGTERM at named
 points (`rlhf.faults`): deterministic fault injection for the resume tests.
 """
@@ -28,6 +36,7 @@ import os
 import pathlib
 import shutil
 import sys
+import traceback
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -46,22 +55,63 @@ RESUME_DIR = "resume"  # SFT/reward/DPO preemption checkpoints, apart from the f
 
 
 @contextlib.contextmanager
-def sigterm_stop() -> Iterator[Callable[[], bool]]:
-    """While entered, SIGTERM only records a request to stop (`jaxcore.PreemptionWatch`:
-    with several processes JAX's own notice, which a Python handler would replace); the
-    run loops poll the yielded function at step boundaries, save and raise
-    `jaxcore.Preempted`, so no step or save is cut short however many SIGTERMs arrive."""
+def sigterm_stop() -> Iterator[Callable[[int], bool]]:
+    """While entered, SIGTERM only records a request to stop; the run loops call the
+    yielded ``stop(step)`` at every step boundary, save and raise `jaxcore.Preempted`, so
+    no step or save is cut short however many SIGTERMs arrive.
+
+    One process: `jaxcore.PreemptionWatch`'s flag. Several: JAX's preemption notice
+    (which a Python handler would replace) and its sync point, true at the same step on
+    every process -- each must call ``stop`` at every step, none may decide alone."""
     from jaxcore import PreemptionWatch
 
     watch = PreemptionWatch(install=True)
     try:
-        yield lambda: watch.requested
+        yield watch.stop_at
     finally:
         watch.close()
 
 
-def _never() -> bool:
+def _never(step: int) -> bool:
     return False
+
+
+def join_processes(stage: str) -> None:
+    """Join the other processes of a multi-process start (`jaxcore launch`, srun, a TPU
+    pod; a no-op for one). Without it each process would train alone on its own devices
+    and all would write the same ``train.out``."""
+    import jax
+
+    import jaxcore as jc
+    from jaxcore.distributed import detect
+
+    settings = detect()
+    if not settings.multi_process:
+        return
+    if (settings.num_processes or 1) > 1:  # known before joining: stop before anything
+        _one_process_only(stage, settings.num_processes, settings.source)
+    jc.initialize()
+    if jax.process_count() > 1:  # a cluster JAX detected (a TPU pod) counts once joined
+        _one_process_only(stage, jax.process_count(), settings.source)
+
+
+def _one_process_only(stage: str, processes: int, source: str) -> None:
+    """Refuse PPO and GRPO with several processes: their rollouts are sampled and scored
+    on one process's devices (each would sample alone and write the same files)."""
+    if stage in ("ppo", "grpo"):
+        raise ConfigError(
+            f"{stage} runs in one process ({processes} were started, from {source}): its "
+            "rollouts are sampled and scored on that process's devices. Start it as one "
+            "process holding every device (e.g. jaxcore launch -n 1 --devices-per-process "
+            "8 ..., or without jaxcore launch); sft, reward and dpo run on several processes."
+        )
+
+
+def _is_primary() -> bool:
+    """Whether this process writes the run's files (process 0; the only one alone)."""
+    import jax
+
+    return jax.process_index() == 0
 
 
 class MetricsLog:
@@ -70,7 +120,10 @@ class MetricsLog:
     atomically, so a kill during a resume's rewrite loses no line, and a line torn by a
     kill in the middle of its write is dropped (its step is recomputed)."""
 
-    def __init__(self, path: pathlib.Path, start: int):
+    def __init__(self, path: pathlib.Path, start: int, *, primary: bool = True):
+        self._file = None  # another process than 0 of several: process 0 writes the lines
+        if not primary:
+            return
         path.parent.mkdir(parents=True, exist_ok=True)
         lines = path.read_text().splitlines() if path.exists() else []
         kept = [ln for ln in lines if (_step_of(ln) if ln.strip() else start) < start]
@@ -78,6 +131,8 @@ class MetricsLog:
         self._file = path.open("a")
 
     def write(self, step: int, metrics: dict[str, Any]) -> None:
+        if self._file is None:
+            return
         line = {"step": step, **{k: float(v) for k, v in metrics.items()}}
         self._file.write(json.dumps(line) + "\n")
         self._file.flush()
@@ -85,7 +140,8 @@ class MetricsLog:
         print(" ".join(f"{k}={v:.4g}" for k, v in line.items()), flush=True)
 
     def close(self) -> None:
-        self._file.close()
+        if self._file is not None:
+            self._file.close()
 
 
 def _step_of(line: str) -> float:
@@ -166,7 +222,7 @@ def check_out(cfg: RunConfig) -> None:
 def _record_settings(cfg: RunConfig, out: pathlib.Path) -> None:
     """Write ``out``'s `RUN_RECORD` when the run starts training (kept on reruns)."""
     record = out / RUN_RECORD
-    if not record.is_file():
+    if _is_primary() and not record.is_file():
         out.mkdir(parents=True, exist_ok=True)
         write_atomic(record, json.dumps(_settings(cfg), indent=1, sort_keys=True) + "\n")
 
@@ -187,15 +243,16 @@ def run_rl(
     cfg: RunConfig,
     report: Callable[[int, dict[str, float]], bool] | None = None,
     checkpoints: TrainerCheckpoints | None = None,
-    stop_requested: Callable[[], bool] = _never,
+    stop_requested: Callable[[int], bool] = _never,
 ) -> dict[str, float]:
     """PPO or GRPO for ``train.steps`` iterations, resuming from ``checkpoints`` (default:
     `DirectoryCheckpoints` on ``out/checkpoints``).
 
     ``report(iterations_done, metrics)`` (e.g. a `jaxcore experiment` trial's) is called
     after each iteration; returning True checkpoints and stops the run there.
-    ``stop_requested()`` (from `sigterm_stop`) true after an iteration checkpoints it and
-    raises `jaxcore.Preempted`; true before the first, raises it at once (nothing new).
+    ``stop_requested(iterations_done)`` (from `sigterm_stop`) true after an iteration
+    checkpoints it and raises `jaxcore.Preempted`; true before the first, raises it at
+    once (nothing new).
     """
     from jaxcore import Preempted
     from rlhf.checkpoint import DirectoryCheckpoints
@@ -240,7 +297,7 @@ def run_rl(
     if checkpoints is None:
         checkpoints = DirectoryCheckpoints(out / "checkpoints")
     start = checkpoints.restore(trainer, roles.actor[0])
-    if stop_requested():  # SIGTERM while building or restoring: nothing new to save
+    if stop_requested(start):  # SIGTERM while building or restoring: nothing new to save
         raise Preempted(start)
     _record_settings(cfg, out)
     log = MetricsLog(out / "metrics.jsonl", start)
@@ -256,11 +313,11 @@ def run_rl(
             stop = report(done, metrics) if report is not None else False
             fault_point(done, "before_save")
             scheduled = done == t.steps or (t.checkpoint_every and done % t.checkpoint_every == 0)
-            saved = bool(stop or stop_requested() or scheduled)
+            saved = bool(stop or stop_requested(done) or scheduled)
             if saved:
                 checkpoints.save(trainer)
                 fault_point(done, "saved")
-            if stop_requested() and done < t.steps:
+            if stop_requested(done) and done < t.steps:
                 if not saved:  # the SIGTERM came after the decision to skip this save
                     checkpoints.save(trainer)
                 raise Preempted(done)
@@ -276,7 +333,7 @@ def _records(cfg: RunConfig, keys: tuple[str, ...]) -> tuple[list[dict], list[di
 
     d = cfg.data
     if d.path:
-        records = read_jsonl(d.path, keys)
+        records = read_jsonl(d.path, keys, tokenizer=d.tokenizer)
     else:
         records = synthetic_records(
             d.n + d.held_out,
@@ -333,6 +390,17 @@ def _batches(arrays: dict[str, np.ndarray], size: int, where: str) -> list[dict]
     return [{k: v[i : i + size] for k, v in arrays.items()} for i in range(0, n - size + 1, size)]
 
 
+def _local_rows(engine: Any, batches: list[dict]) -> list[dict]:
+    """This process's rows of each batch (`jaxcore.Engine.local_rows`): every process
+    reads all the data and feeds its block of each global batch (all of it when alone)."""
+    import jax
+
+    if jax.process_count() == 1 or not batches:
+        return batches
+    lo, hi = engine.local_rows(len(next(iter(batches[0].values()))))
+    return [{k: v[lo:hi] for k, v in b.items()} for b in batches]
+
+
 def _pair_arrays(records: list[dict], stage: str) -> dict[str, np.ndarray]:
     chosen = [r["prompt"] + r["chosen"] for r in records]
     rejected = [r["prompt"] + r["rejected"] for r in records]
@@ -382,11 +450,15 @@ def _resume_state(engine: Any, directory: pathlib.Path, state: Any) -> tuple[Any
         return ckpt.restore(step, abstract_like(state)), step
 
 
-def run_supervised(cfg: RunConfig, stop_requested: Callable[[], bool] = _never) -> dict[str, float]:
+def run_supervised(
+    cfg: RunConfig, stop_requested: Callable[[int], bool] = _never
+) -> dict[str, float]:
     """SFT, reward model or DPO for ``train.steps`` batches; held-out metrics at the end.
 
-    ``stop_requested()`` (from `sigterm_stop`) true after a batch saves the state under
-    ``<train.out>/resume`` and raises `jaxcore.Preempted`; a rerun resumes from there.
+    ``stop_requested(batches_done)`` (from `sigterm_stop`) true after a batch saves the
+    state under ``<train.out>/resume`` and raises `jaxcore.Preempted`; a rerun resumes
+    from there. With several processes (`join_processes`) each feeds its rows of every
+    batch and process 0 writes the metrics and the run record.
     """
     import jaxcore as jc
     from jaxcore import Preempted
@@ -421,6 +493,7 @@ def run_supervised(cfg: RunConfig, stop_requested: Callable[[], bool] = _never) 
         else:
             factory = lm_factory(cfg.model)
             loss_fn = dpo_objective(beta=loss.beta, label_smoothing=loss.label_smoothing)
+    train_b, held_b = _local_rows(engine, train_b), _local_rows(engine, held_b)
     state = engine.prepare(factory, _optimizer(t.lr), seed=t.seed)
     if cfg.stage == "dpo":  # reference log-probs once, from a copy (steps donate state)
         reference = copy_role(state)
@@ -430,16 +503,16 @@ def run_supervised(cfg: RunConfig, stop_requested: Callable[[], bool] = _never) 
     step, evaluate = engine.train_step(loss_fn), engine.eval_step(loss_fn)
     out = pathlib.Path(t.out)
     state, start = _resume_state(engine, out / RESUME_DIR, state)  # after DPO's reference
-    if stop_requested():  # SIGTERM while building or restoring: nothing new to save
+    if stop_requested(start):  # SIGTERM while building or restoring: nothing new to save
         raise Preempted(start)
     _record_settings(cfg, out)
-    log = MetricsLog(out / "metrics.jsonl", start)
+    log = MetricsLog(out / "metrics.jsonl", start, primary=_is_primary())
     try:
         for i in range(start, t.steps):
             fault_point(i, "step")
             state, metrics = step(state, train_b[i % len(train_b)])
             log.write(i, {k: v for k, v in metrics.items() if np.ndim(v) == 0})
-            if stop_requested() and i + 1 < t.steps:
+            if stop_requested(i + 1) and i + 1 < t.steps:
                 _save_state(engine, cfg, out / RESUME_DIR, state, i + 1)
                 raise Preempted(i + 1)
         mean = jc.MeanMetrics()
@@ -450,8 +523,30 @@ def run_supervised(cfg: RunConfig, stop_requested: Callable[[], bool] = _never) 
     finally:
         log.close()
     _save_state(engine, cfg, out / "checkpoints", state, t.steps)
-    shutil.rmtree(out / RESUME_DIR, ignore_errors=True)  # the final checkpoint supersedes it
+    if _is_primary():  # the final checkpoint (saved by every process) supersedes it
+        shutil.rmtree(out / RESUME_DIR, ignore_errors=True)
     return held_metrics
+
+
+def _joined() -> bool:
+    """Whether this process joined others (`join_processes`)."""
+    import jax
+
+    return bool(jax.distributed.is_initialized())
+
+
+def _fail(code: int, message: str) -> int:
+    """Print ``message``; when joined to other processes, leave at once with ``code``.
+
+    A normal exit would wait in jax.distributed's shutdown barrier for the others, which
+    wait in their next collective for this one (for gloo's timeout, or for good): leaving
+    closes this process's connections, so `jaxcore launch` (or srun) stops them now.
+    """
+    print(message, file=sys.stderr, flush=True)
+    if _joined():
+        sys.stdout.flush()
+        os._exit(code)
+    return code
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -469,14 +564,14 @@ def main(argv: list[str] | None = None) -> int:
         if overrides:
             cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, **overrides))
         check_out(cfg)
+        join_processes(cfg.stage)
         with sigterm_stop() as stop:
             if cfg.stage in ("ppo", "grpo"):
                 final = run_rl(cfg, stop_requested=stop)
             else:
                 final = run_supervised(cfg, stop_requested=stop)
     except JaxcoreError as e:
-        print(f"jaxcore rlhf {args.stage}: {e}", file=sys.stderr)
-        return 2
+        return _fail(2, f"jaxcore rlhf {args.stage}: {e}")
     except Preempted as e:  # SIGTERM: the step's checkpoint is saved
         print(
             f"jaxcore rlhf {args.stage}: SIGTERM: stopped after {e.step} of "
@@ -486,6 +581,15 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return PREEMPTION_EXIT_CODE
+    except Exception:
+        if not _joined():
+            raise
+        import jax
+
+        traceback.print_exc()
+        return _fail(
+            1, f"jaxcore rlhf {args.stage}: process {jax.process_index()} failed (traceback above)"
+        )
     summary = {k: round(v, 4) for k, v in final.items()}
     print(f"jaxcore rlhf {args.stage}: done, {summary}; metrics in {cfg.train.out}/metrics.jsonl")
     return 0

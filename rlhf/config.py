@@ -77,9 +77,12 @@ class DataSection:
     """SFT/reward/DPO records: a JSONL file (``path``) of ``{"prompt", "completion"}``
     (SFT) or ``{"prompt", "chosen", "rejected"}`` (reward, DPO) token-id lists, or ``n``
     synthetic records (`rlhf.tasks.synthetic_records`) where chosen completions are rich
-    in ``token``. ``held_out`` records are kept for the final evaluation."""
+    in ``token``. ``held_out`` records are kept for the final evaluation. ``tokenizer``
+    (a ``tokenizer.json`` file or its folder) lets ``path`` hold text and TRL's chat
+    records instead of ids (`rlhf.tasks.read_jsonl`)."""
 
     path: str | None = None
+    tokenizer: str | None = None
     n: int = 64
     held_out: int = 16
     seed: int = 0

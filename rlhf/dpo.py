@@ -55,7 +55,10 @@ def _reference_loss(model, batch, rng):
 def with_reference(
     engine: Engine, reference: TrainState, batches: list[dict[str, np.ndarray]]
 ) -> list[dict[str, np.ndarray]]:
-    """Each batch plus the frozen reference's sequence log-probs (one pass, done once)."""
+    """Each batch plus the frozen reference's sequence log-probs (one pass, done once).
+
+    With several processes ``batches`` are this process's rows (`Engine.local_rows`), and
+    so are the log-probs added to them."""
     score = engine.eval_step(_reference_loss)
     out = []
     for batch in batches:
@@ -63,11 +66,23 @@ def with_reference(
         out.append(
             {
                 **batch,
-                "ref_chosen": np.asarray(metrics["ref_chosen"]),
-                "ref_rejected": np.asarray(metrics["ref_rejected"]),
+                "ref_chosen": _host_rows(engine, metrics["ref_chosen"]),
+                "ref_rejected": _host_rows(engine, metrics["ref_rejected"]),
             }
         )
     return out
+
+
+def _host_rows(engine: Engine, x: jax.Array) -> np.ndarray:
+    """This process's rows of a batch-sharded result, as the rows it passed in (with
+    several processes the result also spans the others' devices)."""
+    if x.is_fully_addressable:
+        return np.asarray(x)
+    from jax.experimental import multihost_utils
+
+    full = np.asarray(multihost_utils.process_allgather(x, tiled=True))
+    lo, hi = engine.local_rows(len(full))
+    return full[lo:hi]
 
 
 def dpo_objective(*, beta: float = 0.1, label_smoothing: float = 0.0) -> Callable:

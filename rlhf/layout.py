@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
 from jaxcore import Engine, TrainState
 
@@ -51,7 +52,11 @@ def copy_role(tree: Any) -> Any:
 
     A device-to-device copy compiles nothing, where ``jax.tree.map(jnp.copy, tree)``
     compiles one program per distinct leaf shape and sharding (11 for a tiny PPO actor).
+    With several processes ``device_put`` refuses shardings that span other processes'
+    devices, so one program copies the whole tree there.
     """
+    if any(isinstance(x, jax.Array) and not x.is_fully_addressable for x in jax.tree.leaves(tree)):
+        return _copy_program(tree)
 
     def copy(x: Any) -> Any:
         if not isinstance(x, jax.Array):
@@ -59,6 +64,12 @@ def copy_role(tree: Any) -> Any:
         return jax.device_put(x, x.sharding if x.committed else None, may_alias=False)
 
     return jax.tree.map(copy, tree)
+
+
+def _copy_program(tree: Any) -> Any:
+    """``tree`` copied by one jitted program, every array kept on its own sharding."""
+    shardings = jax.tree.map(lambda x: x.sharding if isinstance(x, jax.Array) else None, tree)
+    return jax.jit(lambda t: jax.tree.map(jnp.copy, t), out_shardings=shardings)(tree)
 
 
 def memory_kinds(tree: Any) -> set[str]:

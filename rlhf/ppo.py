@@ -100,6 +100,23 @@ class PPOConfig:
             )
         if not (0 <= self.gamma <= 1 and 0 <= self.lam <= 1):
             raise ConfigError(f"PPOConfig: gamma={self.gamma}, lam={self.lam} must be in [0, 1].")
+        self._check_kl_coef()
+
+    def _check_kl_coef(self) -> None:
+        """A negative coefficient rewards drifting from the reference; the adaptive
+        controller multiplies it, so from 0 it would stay 0 (no penalty) for good."""
+        if self.kl_coef < 0:
+            raise ConfigError(
+                f"PPOConfig.kl_coef={self.kl_coef}: must be >= 0 (TRL's default is 0.05; 0 "
+                "turns the KL penalty off): a negative one rewards moving away from the "
+                "reference model."
+            )
+        if self.kl_target is not None and self.kl_coef == 0:
+            raise ConfigError(
+                f"PPOConfig.kl_coef=0 with kl_target={self.kl_target}: the adaptive "
+                "controller scales the coefficient, so it would stay 0. Start it above 0 "
+                "(e.g. 0.2, Ziegler et al.'s), or drop kl_target for no KL penalty."
+            )
 
     def controller(self) -> FixedKLController | AdaptiveKLController:
         if self.kl_target is None:

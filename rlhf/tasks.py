@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import pathlib
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -52,13 +53,24 @@ def synthetic_records(
 
 
 def read_jsonl(
-    path: str | pathlib.Path, keys: tuple[str, ...], *, where: str = "data.path"
+    path: str | pathlib.Path,
+    keys: tuple[str, ...],
+    *,
+    where: str = "data.path",
+    tokenizer: str | None = None,
 ) -> list[dict[str, list[int]]]:
     """Records from a JSONL file; each line must hold ``keys`` as lists of token ids
-    (other keys are ignored). ``where`` names the config field in errors."""
+    (other keys are ignored). ``where`` names the config field in errors.
+
+    With ``tokenizer`` (``data.tokenizer``: a ``tokenizer.json`` file or its folder) a
+    field may also be text, and TRL's conversational records are read: an SFT line
+    ``{"messages": [...]}`` (`rlhf.sft.chat_example`), a prompt given as messages
+    (rendered by the chat template with the generation prompt) and an answer as
+    assistant messages (their content)."""
     path = pathlib.Path(path)
     if not path.is_file():
         raise ConfigError(f"{where} {path}: no such file.")
+    encode = _Encoder(tokenizer, where)
     out = []
     for i, line in enumerate(path.read_text().splitlines(), 1):
         if not line.strip():
@@ -71,18 +83,84 @@ def read_jsonl(
             ) from None
         if not isinstance(rec, dict):
             raise ConfigError(f"{path}:{i}: expected a JSON object with {keys}, got {rec!r}.")
+        if keys == ("prompt", "completion") and "messages" in rec and "prompt" not in rec:
+            rec = encode.chat(rec["messages"], f"{path}:{i}")
         missing = [k for k in keys if k not in rec]
         if missing:
             raise ConfigError(f"{path}:{i}: record lacks {missing}; each line needs {keys}.")
-        for k in keys:
-            ids = rec[k]
-            if not isinstance(ids, list) or not all(
-                isinstance(t, int) and not isinstance(t, bool) for t in ids
-            ):
-                got = type(ids).__name__ if not isinstance(ids, list) else repr(ids)
-                raise ConfigError(
-                    f"{path}:{i}: {k} must be a list of token ids, got {got}; tokenize text "
-                    "first and write the integer ids."
-                )
-        out.append({k: list(rec[k]) for k in keys})
+        out.append({k: encode(rec[k], prompt=k == keys[0], at=f"{path}:{i}: {k}") for k in keys})
     return out
+
+
+def _token_ids(value: Any) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(t, int) and not isinstance(t, bool) for t in value
+    )
+
+
+def _messages(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(isinstance(m, dict) for m in value)
+
+
+class _Encoder:
+    """A record field as token ids: ids as they are; text and chat messages through the
+    tokenizer, loaded on first use (a file of ids never needs one)."""
+
+    def __init__(self, spec: str | None, where: str):
+        self._spec, self._tokenizer = spec, None
+        # Only data.path has a tokenizer setting to point to.
+        self._hint = (
+            ", or set data.tokenizer to a tokenizer.json file or its folder (with the chat "
+            "template in tokenizer_config.json) to read text and chat messages"
+            if where == "data.path" and spec is None
+            else ""
+        )
+
+    def _load(self) -> Any:
+        if self._tokenizer is None:
+            from jaxcore import load_tokenizer
+
+            self._tokenizer = load_tokenizer(self._spec)
+        return self._tokenizer
+
+    def chat(self, messages: Any, at: str) -> dict[str, list[int]]:
+        """``{"prompt", "completion"}`` from an SFT line's chat ``messages``."""
+        from rlhf.sft import chat_example
+
+        if self._spec is None:
+            raise ConfigError(
+                f"{at}: the record holds chat 'messages'; write prompt and completion token "
+                f"ids{self._hint}."
+            )
+        if not _messages(messages):
+            raise ConfigError(f"{at}: messages must be a list of {{role, content}} objects.")
+        prompt, completion = chat_example(self._load(), messages)
+        return {"prompt": prompt, "completion": completion}
+
+    def __call__(self, value: Any, *, prompt: bool, at: str) -> list[int]:
+        if _token_ids(value):
+            return list(value)
+        if self._spec is not None and isinstance(value, str):
+            return self._load().encode(value)
+        if self._spec is not None and _messages(value):
+            return self._conversation(value, prompt, at)
+        got = type(value).__name__ if not isinstance(value, list) else repr(value)[:80]
+        kinds = "token ids, text or chat messages" if self._spec else "token ids"
+        raise ConfigError(
+            f"{at} must be a list of {kinds}, got {got}; tokenize text first and write the "
+            f"integer ids{self._hint}."
+        )
+
+    def _conversation(self, messages: list[dict], prompt: bool, at: str) -> list[int]:
+        """A prompt's messages rendered by the chat template (with the generation prompt);
+        an answer's assistant messages as their content."""
+        tokenizer = self._load()
+        if prompt:
+            return tokenizer.encode(tokenizer.apply_chat_template(messages))
+        roles = [m.get("role") for m in messages]
+        if any(r != "assistant" for r in roles):
+            raise ConfigError(
+                f"{at}: an answer's messages must all be the assistant's (got roles "
+                f"{roles}); the conversation before it belongs in the prompt."
+            )
+        return tokenizer.encode("".join(str(m.get("content", "")) for m in messages))

@@ -66,6 +66,21 @@ class PreemptionWatch:
         """Whether this (single) process received a SIGTERM not yet acted on."""
         return self._sigterm
 
+    def stop_at(self, step: int) -> bool:
+        """Whether a loop that saves its own way stops after ``step``; call it at every step.
+
+        One process: a SIGTERM arrived. Several: JAX's preemption sync point, true at the
+        same step on every process (each must call it at every step; never true with the
+        preemption service off, which the constructor warns about).
+        """
+        if not distributed():
+            return self._sigterm
+        if not jax.config.jax_enable_preemption_service:
+            return False
+        from jax.experimental import multihost_utils
+
+        return bool(multihost_utils.reached_preemption_sync_point(step))
+
     def reached(self, step: int, manager: Any) -> bool:
         """Whether ``step`` is the one to save before stopping (the same on every process)."""
         if manager.reached_preemption(step):

@@ -172,6 +172,11 @@ class TrialContext:
         if self._checkpointer is not None:
             self._checkpointer.request_preemption()  # its next save writes and exits with 75
 
+    @property
+    def terminated(self) -> bool:
+        """Whether this process received SIGTERM while the trial ran."""
+        return self._sigterm
+
     def should_stop(self) -> bool:
         """Whether the searcher (or an early-stopping policy) wants this trial to end."""
         return self.channel.should_stop(self.trial_id)

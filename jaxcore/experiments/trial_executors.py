@@ -122,13 +122,22 @@ class TrialExecutor(abc.ABC):
         """Release the executor's resources (nothing by default)."""
 
 
+class TrialTerminated(KeyboardInterrupt):
+    """SIGTERM reached a process running its trials inline: the trial saved its checkpoint
+    and the loop stops, as the process was asked to (resume continues the trial)."""
+
+
 class InlineTrialExecutor(TrialExecutor):
     """Runs each trial to its end inside this process, one at a time (deterministic)."""
 
     inline = True
 
-    def __init__(self) -> None:
+    def __init__(self, *, stop_on_sigterm: bool = False) -> None:
+        """``stop_on_sigterm``: a SIGTERM to this process ends the loop (`TrialTerminated`)
+        after the trial's save; by default the trial is preempted and relaunched, as a
+        subprocess trial would be (for a program whose SIGTERM means "stop", `jaxcore run`)."""
         self.loop: Any = None  # set by the experiment loop
+        self.stop_on_sigterm = stop_on_sigterm
         self._done: list[tuple[int, int]] = []
 
     def capacity(self) -> int:
@@ -156,6 +165,12 @@ class InlineTrialExecutor(TrialExecutor):
             log.warning("trial %d failed:\n%s", trial_id, failure)
         finally:
             ctx.close()
+        if ctx.terminated and self.stop_on_sigterm:
+            # Relaunching the trial would swallow the SIGTERM (a `docker stop` or a Slurm
+            # preemption would be ignored); the experiment is left to resume, as after a kill.
+            raise TrialTerminated(
+                f"SIGTERM: trial {trial_id} exited with {code}; a resume continues from its save"
+            )
         self._done.append((trial_id, code))
         return None
 

@@ -54,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     import jax
 
     import jaxcore
+    from jaxcore.experiments.trial_executors import TrialTerminated
     from jaxcore.run.hosts import LeaderFailedError, PeerLostError
     from jaxcore.run.pipeline import dry_run, run_pipeline
 
@@ -80,6 +81,12 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(2, f"jaxcore run: {e}")
     except (LeaderFailedError, PeerLostError) as e:
         return _fail(1, f"jaxcore run: process {jax.process_index()}: {e}")
+    except TrialTerminated as e:
+        return _fail(  # jaxcore's "preempted, saved: rerun to resume" code (requeued)
+            jaxcore.PREEMPTION_EXIT_CODE,
+            f"jaxcore run: terminated ({e}). Run the same command again: finished phases "
+            "are reused and the interrupted one resumes from its last checkpoint.",
+        )
     except KeyboardInterrupt:
         return _fail(
             130,

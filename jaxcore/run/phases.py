@@ -272,6 +272,7 @@ def run_experiment_phase(ctx: RunContext, raw: dict[str, Any]) -> dict[str, Any]
     """Run (or reattach and resume) the experiment named ``raw['name']`` inline."""
     from jaxcore.experiments import ExperimentLoop, Store, parse_config
     from jaxcore.experiments.store import EXPERIMENT_DONE
+    from jaxcore.experiments.trial_executors import InlineTrialExecutor
 
     config = parse_config(raw)
     store = Store(ctx.db_url)
@@ -281,7 +282,9 @@ def run_experiment_phase(ctx: RunContext, raw: dict[str, Any]) -> dict[str, Any]
         exp_id = unfinished[-1]["id"] if unfinished else None
         if exp_id is not None:
             ctx.console.print(f"  resuming experiment {exp_id} (interrupted) from its checkpoints")
-        loop = ExperimentLoop(config, executor="inline", store=store, experiment_id=exp_id)
+        # SIGTERM (docker stop, a Slurm preemption) stops the run after the trial's save.
+        executor = InlineTrialExecutor(stop_on_sigterm=True)
+        loop = ExperimentLoop(config, executor=executor, store=store, experiment_id=exp_id)
         summary = loop.run()
         if summary.state != "COMPLETED":
             raise ConfigError(
@@ -395,12 +398,17 @@ def phase_register(ctx: RunContext) -> dict[str, Any]:
     try:
         if reg.store.model(name) is None:
             reg.create_model(name, description=f"jaxcore run {ctx.config.name}")
-        version = reg.register(
-            name,
-            checkpoint=best["checkpoint_id"],
-            description=f"best of the {phase} phase (trial {best['trial_id']})",
-            aliases=["latest-run"],
-        )
+        version = _registered_version(reg, name, best["checkpoint_id"])
+        if version is None:
+            version = reg.register(
+                name,
+                checkpoint=best["checkpoint_id"],
+                description=f"best of the {phase} phase (trial {best['trial_id']})",
+                aliases=["latest-run"],
+            )
+        else:
+            ctx.console.print(f"  {name} v{version} holds this checkpoint already: reused")
+            reg.set_alias(name, "latest-run", version)
         row = reg.version(name, version)
     finally:
         reg.store.close()
@@ -413,6 +421,19 @@ def phase_register(ctx: RunContext) -> dict[str, Any]:
         "weights": row["path"],
         "lineage": (row.get("meta") or {}).get("lineage", {}),
     }
+
+
+def _registered_version(reg: Any, name: str, checkpoint_id: int) -> int | None:
+    """The version of ``name`` already exported from ``checkpoint_id``, if any.
+
+    A run killed after the registry committed but before the phase record was written
+    registers again on the rerun; reusing the version keeps one version per checkpoint,
+    as an uninterrupted run leaves it.
+    """
+    for v in reversed(reg.store.versions(reg.store.model(name)["id"])):
+        if v["checkpoint_id"] == checkpoint_id and v["path"] and pathlib.Path(v["path"]).exists():
+            return int(v["version"])
+    return None
 
 
 # ----------------------------------------------------------------------------- serve

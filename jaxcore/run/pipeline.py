@@ -7,13 +7,18 @@ train step (``compiled.memory_analysis()``, through `jaxcore.compile_estimate`).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
+import os
 import pathlib
 import time
+from collections.abc import Iterator
 from typing import Any
 
 from rich.console import Console
 
+from jaxcore.errors import ConfigError
 from jaxcore.run import phases as ph
 from jaxcore.run.config import RunConfig
 from jaxcore.run.follower import follow
@@ -67,9 +72,42 @@ def run_pipeline(config: RunConfig, *, console: Console | None = None) -> RunRes
         close_hosts()
 
 
-def _lead(config: RunConfig, console: Console, hosts: Solo | Hosts) -> RunResult:
-    run_dir = config.path
+@contextlib.contextmanager
+def run_dir_lock(run_dir: pathlib.Path) -> Iterator[None]:
+    """Hold ``<run_dir>/run.lock`` for the run: a second `jaxcore run` on the same
+    directory would write the same phase records, dataset shards and store at once.
+
+    An advisory ``flock``: the kernel drops it when the holder dies (``kill -9``), so a
+    rerun after a crash is never refused.
+    """
     run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / "run.lock"
+    with open(path, "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            f.seek(0)
+            holder = f.read().strip() or "unknown"
+            raise ConfigError(
+                f"run_dir {run_dir} is in use by another `jaxcore run` (pid {holder}); wait "
+                "for it to end, or give this run another run_dir (--set run_dir=...)."
+            ) from None
+        f.truncate(0)
+        f.write(str(os.getpid()))
+        f.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _lead(config: RunConfig, console: Console, hosts: Solo | Hosts) -> RunResult:
+    with run_dir_lock(config.path):
+        return _run_phases(config, console, hosts)
+
+
+def _run_phases(config: RunConfig, console: Console, hosts: Solo | Hosts) -> RunResult:
+    run_dir = config.path
     ctx = ph.RunContext(config=config, console=console)
     skipped, seconds = [], {}
     for i, phase in enumerate(ph.PHASES, 1):

@@ -54,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     import jax
 
     import jaxcore
+    from data.errors import DataError
     from jaxcore.experiments.trial_executors import TrialTerminated
     from jaxcore.run.hosts import LeaderFailedError, PeerLostError
     from jaxcore.run.pipeline import dry_run, run_pipeline
@@ -79,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
         result = run_pipeline(config)
     except ConfigError as e:
         return _fail(2, f"jaxcore run: {e}")
+    except DataError as e:  # the data phase's own checks (a source path that is missing)
+        return _fail(2, f"jaxcore run: data phase: {e}")
     except (LeaderFailedError, PeerLostError) as e:
         return _fail(1, f"jaxcore run: process {jax.process_index()}: {e}")
     except TrialTerminated as e:

@@ -125,3 +125,25 @@ def test_the_cli_exits_with_the_preemption_code_on_a_terminated_trial(
     code = main([str(DEMO), "--set", "run_dir=run"])
     assert code == jaxcore.PREEMPTION_EXIT_CODE
     assert "Run the same command again" in capsys.readouterr().err
+
+
+def test_a_missing_data_source_is_a_usage_error_naming_it(tmp_path, monkeypatch, capsys):
+    """Exit 2 and one line naming the path, as every other config error (was a traceback
+    and exit 1 from the data phase)."""
+    from jaxcore.run.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    missing = tmp_path / "no-such-dir"
+    code = main(
+        [
+            str(DEMO),
+            *(x for s in TINY for x in ("--set", s)),
+            "--set",
+            "data.packages=[]",
+            "--set",
+            f"data.sources=[{{type: dir, path: {missing}}}]",
+        ]
+    )
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert f"source path {missing} does not exist" in err and "Traceback" not in err

@@ -151,12 +151,23 @@ def rank_envs(num_processes: int, coordinator: str, **kwargs: Any) -> list[dict[
 def _stream(
     rank: int, pipe, out: TextIO, lock: threading.Lock, tail: collections.deque, prefix: bool
 ) -> None:
+    """Copy one rank's output to ``out``, a whole line at a time.
+
+    The pipe is read to its end even once ``out`` is closed (``jaxcore launch ... | head``):
+    a rank blocks on a full pipe, so a reader that stopped would hang the run.
+    """
+    writable = True
     for raw in iter(pipe.readline, b""):
         line = raw.decode("utf-8", "replace").rstrip("\n")
         tail.append(line)
+        if not writable:
+            continue
         with lock:
-            out.write(f"[rank {rank}] {line}\n" if prefix else f"{line}\n")
-            out.flush()
+            try:
+                out.write(f"[rank {rank}] {line}\n" if prefix else f"{line}\n")
+                out.flush()
+            except (OSError, ValueError):  # a closed pipe, terminal or file
+                writable = False
     pipe.close()
 
 
@@ -214,9 +225,8 @@ def run_group(
         _stop(procs, grace_s)
         raise
     slow = [r for r, p in enumerate(procs) if p.poll() is None]
-    if failed is not None or slow:
-        # After the preemption grace the ranks already had their SIGTERM: kill at once.
-        _stop(procs, 0.0 if failed == _TOO_SLOW else grace_s)
+    # After the preemption grace the ranks already had their SIGTERM: kill at once.
+    _stop(procs, 0.0 if failed == _TOO_SLOW else grace_s)
     for t in threads:
         t.join(timeout=5)
     codes = tuple(p.poll() for p in procs)
@@ -273,15 +283,24 @@ def _watch(
 
 
 def _stop(procs: list[subprocess.Popen], grace_s: float) -> None:
+    """Stop every rank and everything it started: SIGTERM, then SIGKILL after ``grace_s``.
+
+    Each rank's process group is killed at the end, even when the rank itself has ended:
+    what it started (data workers, a shell's children) would otherwise be orphaned and keep
+    its output pipe open. A second Ctrl-C while waiting kills at once.
+    """
     for p in procs:
         if p.poll() is None:
             _signal_group(p, signal.SIGTERM)
     deadline = time.monotonic() + grace_s
-    for p in procs:
-        try:
-            p.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
+    try:
+        for p in procs:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(timeout=max(0.0, deadline - time.monotonic()))
+    finally:
+        for p in procs:
             _signal_group(p, signal.SIGKILL)
+        for p in procs:
             p.wait()
 
 
@@ -439,10 +458,34 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _split_module_args(
+    parser: argparse.ArgumentParser, argv: list[str]
+) -> tuple[list[str], list[str]]:
+    """The launcher's arguments and the module's: after ``-m module`` every argument is the
+    module's (``-m mod --steps 3``), as with ``python -m``."""
+    for i, token in enumerate(argv):
+        if token in ("-m", "--module") and i + 1 < len(argv):
+            head, _ = parser.parse_known_args(argv[:i])
+            if head.script is None:  # not an argument of a script named before it
+                return argv[: i + 2], argv[i + 2 :]
+            break
+    return argv, []
+
+
+class _HangUp(Exception):
+    """The launcher got SIGHUP (its terminal closed)."""
+
+
+def _hang_up(signum: int, frame: Any) -> None:
+    raise _HangUp
+
+
 def main(argv: list[str] | None = None) -> int:
     """Entry point of ``jaxcore launch``; returns the exit code."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    own, module_args = _split_module_args(parser, sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(own)
+    args.script_args = [*args.script_args, *module_args]
     if args.module and args.script is not None:
         args.script_args = [args.script, *args.script_args]
         args.script = None
@@ -462,6 +505,9 @@ def main(argv: list[str] | None = None) -> int:
         # A scheduler's SIGTERM is a preemption notice for the ranks too: forward it (in
         # _watch) and give them time to save, instead of orphaning or killing them.
         previous = signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+        # A closed terminal (SIGHUP) would end the launcher alone, orphaning the ranks in
+        # their own sessions: stop them as for Ctrl-C.
+        signal.signal(signal.SIGHUP, _hang_up)
     try:
         result = launch(
             command,
@@ -480,12 +526,16 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"jaxcore launch: {e}", file=sys.stderr)
         return 2
+    except _HangUp:
+        print("jaxcore launch: SIGHUP; stopped all ranks", file=sys.stderr)
+        return 128 + signal.SIGHUP
     except KeyboardInterrupt:
         print("jaxcore launch: interrupted; stopped all ranks", file=sys.stderr)
         return 130
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+            signal.signal(signal.SIGHUP, signal.SIG_DFL)
     if result.preempted:
         print(
             f"jaxcore launch: preempted: every rank saved and exited; exiting with "

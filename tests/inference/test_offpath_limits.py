@@ -21,6 +21,7 @@ from inference.server import (
 )
 from inference.weights import init_params
 from jaxcore.models import TransformerConfig
+from tests.inference.helpers import post_raw_json
 
 CFG = TransformerConfig.tiny(max_seq_len=64)
 NAME = "tiny-limits"
@@ -46,17 +47,6 @@ def served():
     llm.close()
 
 
-def _post(url: str, raw: str) -> tuple[int, dict]:
-    req = urllib.request.Request(
-        url, data=raw.encode(), headers={"Content-Type": "application/json"}
-    )
-    try:
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
-
-
 def _metrics(url: str) -> dict[str, float]:
     with urllib.request.urlopen(url + "/metrics", timeout=10) as r:
         text = r.read().decode()
@@ -77,7 +67,7 @@ def test_non_finite_sampling_parameters_are_refused(served, field, value):
     output; ``NaN`` was refused as "must be <= 2", a bound it does not break."""
     _, server, _ = served
     raw = f'{{"model": "{NAME}", "prompt": "ab", "max_tokens": 2, "{field}": {value}}}'
-    code, payload = _post(server.url + "/v1/completions", raw)
+    code, payload = post_raw_json(server.url + "/v1/completions", raw)
     assert code == 400, payload
     err = payload["error"]
     assert err["param"] == field
@@ -105,7 +95,7 @@ def test_integer_fields_refuse_booleans_strings_and_fractions(served, route, fie
     where = '"prompt": "ab"' if route == "/v1/completions" else f'"messages": {json.dumps(CHAT)}'
     extra = ', "logprobs": true' if field == "top_logprobs" else ""
     raw = f'{{"model": "{NAME}", {where}{extra}, "{field}": {value}}}'
-    code, payload = _post(server.url + route, raw)
+    code, payload = post_raw_json(server.url + route, raw)
     assert code == 400, payload
     err = payload["error"]
     assert err["param"].split(".")[0] == field, err
@@ -114,7 +104,7 @@ def test_integer_fields_refuse_booleans_strings_and_fractions(served, route, fie
 
 def test_a_prompt_of_booleans_is_not_token_ids(served):
     _, server, _ = served
-    code, payload = _post(
+    code, payload = post_raw_json(
         server.url + "/v1/completions", f'{{"model": "{NAME}", "prompt": [true, false]}}'
     )
     assert code == 400, payload
@@ -125,7 +115,7 @@ def test_an_integral_float_is_taken_as_an_integer(served):
     """``1e3`` is a JSON number that Python parses as a float: integral ones are accepted."""
     _, server, _ = served
     raw = f'{{"model": "{NAME}", "prompt": "ab", "max_tokens": 2.0, "seed": 1e3}}'
-    code, payload = _post(server.url + "/v1/completions", raw)
+    code, payload = post_raw_json(server.url + "/v1/completions", raw)
     assert code == 200, payload
     assert payload["usage"]["completion_tokens"] == 2
 
@@ -135,7 +125,7 @@ def test_a_request_over_the_sequence_limit_is_refused(served):
     llm, server, _ = served
     before = llm.scheduler.stats["requests_total"]
     body = {"model": NAME, "prompt": ["ab"] * 3, "n": 3, "max_tokens": 1}
-    code, payload = _post(server.url + "/v1/completions", json.dumps(body))
+    code, payload = post_raw_json(server.url + "/v1/completions", json.dumps(body))
     assert code == 400, payload
     err = payload["error"]
     assert "9 sequences" in err["message"] and f"limit is {MAX_SEQUENCES}" in err["message"]
@@ -143,10 +133,10 @@ def test_a_request_over_the_sequence_limit_is_refused(served):
     assert err["code"] == "too_many_sequences"
     assert llm.scheduler.stats["requests_total"] == before  # nothing was queued
     body = {"model": NAME, "prompt": "ab", "max_tokens": 1, "n": 2, "best_of": 9}
-    code, payload = _post(server.url + "/v1/completions", json.dumps(body))
+    code, payload = post_raw_json(server.url + "/v1/completions", json.dumps(body))
     assert code == 400 and payload["error"]["code"] == "too_many_sequences", payload
     body = {"model": NAME, "prompt": ["ab"] * 2, "n": 4, "max_tokens": 1}  # exactly 8
-    code, payload = _post(server.url + "/v1/completions", json.dumps(body))
+    code, payload = post_raw_json(server.url + "/v1/completions", json.dumps(body))
     assert code == 200 and len(payload["choices"]) == 8, payload
 
 
@@ -159,7 +149,7 @@ def test_the_sequence_limit_is_a_cli_option_with_a_default(served):
     server = BackgroundServer(create_app(llm, model_name=NAME))
     try:
         body = {"model": NAME, "prompt": ["ab"] * 20, "n": 16, "max_tokens": 1}
-        code, payload = _post(server.url + "/v1/completions", json.dumps(body))
+        code, payload = post_raw_json(server.url + "/v1/completions", json.dumps(body))
         assert code == 400, payload
         assert "320 sequences" in payload["error"]["message"]
         assert f"limit is {DEFAULT_MAX_SEQUENCES_PER_REQUEST}" in payload["error"]["message"]

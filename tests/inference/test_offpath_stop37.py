@@ -6,8 +6,6 @@ too big for int32 failed the generation (a 500), text holding a lone UTF-16 surr
 from __future__ import annotations
 
 import json
-import urllib.error
-import urllib.request
 
 import openai
 import pytest
@@ -17,7 +15,7 @@ from inference.request import RequestError
 from inference.server import BackgroundServer, create_app
 from inference.weights import init_params
 from jaxcore.models import TransformerConfig
-from tests.inference.helpers import byte_level_tokenizer
+from tests.inference.helpers import byte_level_tokenizer, post_raw_json
 
 CFG = TransformerConfig.tiny(max_seq_len=64)
 NAME = "tiny-stop37"
@@ -39,18 +37,6 @@ def served(tmp_path_factory):
     yield llm, server, client
     server.stop()
     llm.close()
-
-
-def _post(url: str, raw: str) -> tuple[int, dict]:
-    """POST a raw JSON text (the lone-surrogate escapes stay as the client wrote them)."""
-    req = urllib.request.Request(
-        url, data=raw.encode(), headers={"Content-Type": "application/json"}
-    )
-    try:
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
 
 
 def test_a_top_k_past_the_vocabulary_samples_from_all_of_it(served):
@@ -84,7 +70,7 @@ def test_text_with_a_lone_surrogate_gets_a_400_naming_the_field(served, route, b
     raw = json.dumps({"model": NAME, "max_tokens": 2, **body})  # ASCII: "\ud800" escapes
     if route == "/tokenize":
         raw = json.dumps(body)
-    status, answer = _post(server.url + route, raw)
+    status, answer = post_raw_json(server.url + route, raw)
     assert status == 400, answer
     error = answer["error"]
     assert error["param"] == (param or "messages.0.content")
@@ -99,7 +85,9 @@ def test_generate_refuses_a_lone_surrogate_with_a_request_error(served):
 
 def test_an_error_quoting_a_lone_surrogate_is_still_answered(served):
     _, server, _ = served
-    status, answer = _post(server.url + "/v1/completions", '{"model": "\\ud800", "prompt": "a"}')
+    status, answer = post_raw_json(
+        server.url + "/v1/completions", '{"model": "\\ud800", "prompt": "a"}'
+    )
     assert status == 404 and answer["error"]["code"] == "model_not_found"
     assert "\ud800" in answer["error"]["message"]
 

@@ -3,8 +3,6 @@ phase's record ends, after the rerun, with the registry an uninterrupted run lea
 
 from __future__ import annotations
 
-import pathlib
-
 import pytest
 import yaml
 
@@ -12,19 +10,13 @@ from jaxcore.experiments import Registry
 from jaxcore.run import phases as ph
 from jaxcore.run import run_pipeline
 from jaxcore.run.config import parse_run_config
+from tests.jaxcore import test_run
+from tests.jaxcore.test_run import DEMO
 
-DEMO = pathlib.Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"
+# test_run's tiny demo, two steps, no search or serving.
 TINY = [
-    "data.packages=[idna]",
-    "tokenizer.vocab_size=512",
-    "model.d_model=32",
-    "model.n_layers=1",
-    "model.d_ff=64",
-    "model.seq_len=32",
+    *(s for s in test_run.TINY if not s.startswith(("train.steps=", "search.", "serve."))),
     "train.steps=2",
-    "train.batch=8",
-    "train.warmup=0",
-    "train.checkpoint_every=2",
     "search.enabled=false",
     "serve.enabled=false",
     "run_dir=run",

@@ -1,7 +1,11 @@
 """Tiny models and synthetic data shared by the RLHF tests (kept small: CPU is scarce)."""
 
+import json
+import pathlib
+
 import numpy as np
 import optax
+import yaml
 
 import jaxcore as jc
 from jaxcore.models import TransformerConfig
@@ -68,3 +72,15 @@ def count_good(prompt, completion) -> float:
 def prompts(iteration: int, n: int = 4) -> list[list[int]]:
     rng = np.random.default_rng(1000 + iteration)
     return rng.integers(4, VOCAB, size=(n, 3)).tolist()
+
+
+def write_config(folder: pathlib.Path, name: str, raw: dict) -> pathlib.Path:
+    """A CLI config file (``train.out`` is a placeholder: the tests pass ``--out``)."""
+    path = folder / name
+    path.write_text(yaml.safe_dump({**raw, "train": {**raw["train"], "out": "unused"}}))
+    return path
+
+
+def read_metrics(out: pathlib.Path) -> list[dict]:
+    """``<out>/metrics.jsonl``, one dict per line."""
+    return [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]

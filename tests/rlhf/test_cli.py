@@ -1,7 +1,6 @@
 """`jaxcore rlhf` end to end in subprocesses: PPO killed with SIGKILL mid-run and resumed
 repeats the uninterrupted run's metrics; DPO runs; config errors name the bad key."""
 
-import json
 import os
 import signal
 import subprocess
@@ -13,6 +12,7 @@ import yaml
 import jaxcore as jc
 from rlhf.cli import KILL_ENV, main
 from rlhf.config import parse_config
+from tests.rlhf.helpers import read_metrics
 
 MODEL = dict(vocab_size=16, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2, d_ff=64)
 PPO = {
@@ -43,10 +43,6 @@ def finish(proc):
     return proc.returncode, out
 
 
-def metrics(out):
-    return [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
-
-
 def test_ppo_sigkill_and_resume_repeats_the_uninterrupted_metrics(tmp_path):
     config = tmp_path / "ppo.yaml"
     config.write_text(yaml.safe_dump({**PPO, "train": {**PPO["train"], "out": "unused"}}))
@@ -63,7 +59,7 @@ def test_ppo_sigkill_and_resume_repeats_the_uninterrupted_metrics(tmp_path):
     rc_killed, log_killed = finish(cli("ppo", config, killed, {**cache, KILL_ENV: "2:before_save"}))
     assert rc_whole == 0, log_whole
     assert rc_killed == -signal.SIGKILL, log_killed
-    assert [m["step"] for m in metrics(killed)] == [0, 1]
+    assert [m["step"] for m in read_metrics(killed)] == [0, 1]
     assert sorted(p.name for p in (killed / "checkpoints").glob("trainer-*.json")) == [
         "trainer-1.json"
     ]
@@ -71,7 +67,7 @@ def test_ppo_sigkill_and_resume_repeats_the_uninterrupted_metrics(tmp_path):
 
     rc, log = finish(cli("ppo", config, killed, cache))
     assert rc == 0, log
-    expected, resumed = metrics(whole), metrics(killed)
+    expected, resumed = read_metrics(whole), read_metrics(killed)
     assert [m["step"] for m in resumed] == [0, 1, 2]
     for want, got in zip(expected, resumed, strict=True):
         for key in set(want) - TIMINGS:
@@ -92,7 +88,7 @@ def test_dpo_through_the_cli(tmp_path):
     )
     rc, log = finish(cli("dpo", config, tmp_path / "dpo"))
     assert rc == 0, log
-    lines = metrics(tmp_path / "dpo")
+    lines = read_metrics(tmp_path / "dpo")
     assert [m["step"] for m in lines] == [0, 1, 2, 3, 4]
     assert lines[0]["reward_margin"] == pytest.approx(0.0, abs=1e-5)  # policy == reference
     assert lines[-1]["held_out_reward_margin"] > 0.0

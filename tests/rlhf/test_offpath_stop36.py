@@ -3,7 +3,6 @@ in progress finishes, its checkpoint is saved, the process exits 75, and a rerun
 with the uninterrupted run's metrics and weights. SIGTERMs are sent by the process itself
 at named points (`rlhf.faults`), so the moment is exact."""
 
-import json
 import os
 import re
 import signal
@@ -13,11 +12,11 @@ import sys
 import numpy as np
 import orbax.checkpoint as ocp
 import pytest
-import yaml
 
 import jaxcore as jc
 from jaxcore import PREEMPTION_EXIT_CODE
 from rlhf.cli import KILL_ENV
+from tests.rlhf.helpers import read_metrics, write_config
 
 TERM_ENV = "JAXCORE_RLHF_TERM_AT"  # rlhf.faults: SIGTERM at <iteration>:<point>, ...
 
@@ -57,16 +56,6 @@ def run(stage, config, out, tmp_path, env=None):
     return proc.returncode, proc.stdout + proc.stderr
 
 
-def write(tmp_path, name, raw):
-    path = tmp_path / name
-    path.write_text(yaml.safe_dump({**raw, "train": {**raw["train"], "out": "unused"}}))
-    return path
-
-
-def metrics(out):
-    return [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
-
-
 def assert_same_metrics(want, got):
     assert [m["step"] for m in got] == [m["step"] for m in want]
     for a, b in zip(want, got, strict=True):
@@ -100,7 +89,7 @@ def _flatten(tree, prefix=""):
 
 
 def test_sft_sigterm_twice_and_during_the_save_then_kill_resumes_to_the_same_run(tmp_path):
-    config = write(tmp_path, "sft.yaml", SFT)
+    config = write_config(tmp_path, "sft.yaml", SFT)
     whole, cut = tmp_path / "whole", tmp_path / "cut"
     rc, log = run("sft", config, whole, tmp_path)
     assert rc == 0, log
@@ -109,28 +98,28 @@ def test_sft_sigterm_twice_and_during_the_save_then_kill_resumes_to_the_same_run
     rc, log = run("sft", config, cut, tmp_path, {TERM_ENV: "2:step,3:saving"})
     assert rc == PREEMPTION_EXIT_CODE, log
     assert "SIGTERM: stopped after 3 of 5 steps" in log and "Traceback" not in log
-    assert [m["step"] for m in metrics(cut)] == [0, 1, 2]
+    assert [m["step"] for m in read_metrics(cut)] == [0, 1, 2]
     assert sorted(p.name for p in (cut / "resume").iterdir() if p.name.isdigit()) == ["3"]
     assert not (cut / "checkpoints").exists()  # a reward.model path never sees a partial run
 
     # Resumed at 3, then SIGKILLed as batch 4 starts: the next rerun resumes at 3 again.
     rc, log = run("sft", config, cut, tmp_path, {KILL_ENV: "4:step"})
     assert rc == -signal.SIGKILL, log
-    assert [m["step"] for m in metrics(cut)] == [0, 1, 2, 3]
+    assert [m["step"] for m in read_metrics(cut)] == [0, 1, 2, 3]
 
     rc, log = run("sft", config, cut, tmp_path)
     assert rc == 0, log
-    assert_same_metrics(metrics(whole), metrics(cut))
+    assert_same_metrics(read_metrics(whole), read_metrics(cut))
     assert not (cut / "resume").exists()
     assert_same_params(params(whole / "checkpoints" / "5"), params(cut / "checkpoints" / "5"))
 
 
 def test_grpo_sigterm_mid_step_and_during_a_scheduled_save_resumes_to_the_same_run(tmp_path):
     # checkpoint_every: 0 means "only at the end": the uninterrupted run still saves.
-    whole_config = write(
+    whole_config = write_config(
         tmp_path, "whole.yaml", {**GRPO, "train": {**GRPO["train"], "checkpoint_every": 0}}
     )
-    config = write(tmp_path, "grpo.yaml", GRPO)
+    config = write_config(tmp_path, "grpo.yaml", GRPO)
     whole, cut = tmp_path / "whole", tmp_path / "cut"
     rc, log = run("grpo", whole_config, whole, tmp_path)
     assert rc == 0, log
@@ -141,7 +130,7 @@ def test_grpo_sigterm_mid_step_and_during_a_scheduled_save_resumes_to_the_same_r
     # SIGTERM during iteration 0: not a checkpoint iteration, so one is saved for it.
     rc, log = run("grpo", config, cut, tmp_path, {TERM_ENV: "0:step"})
     assert rc == PREEMPTION_EXIT_CODE, log
-    assert [m["step"] for m in metrics(cut)] == [0]
+    assert [m["step"] for m in read_metrics(cut)] == [0]
     assert (cut / "checkpoints" / "trainer-1.json").is_file()
 
     # SIGTERM inside the scheduled save of iteration 3: the save completes, then it stops.
@@ -157,7 +146,7 @@ def test_grpo_sigterm_mid_step_and_during_a_scheduled_save_resumes_to_the_same_r
 
     rc, log = run("grpo", config, cut, tmp_path)
     assert rc == 0, log
-    assert_same_metrics(metrics(whole), metrics(cut))
+    assert_same_metrics(read_metrics(whole), read_metrics(cut))
     assert_same_params(
         params(whole / "checkpoints" / "actor" / "4"), params(cut / "checkpoints" / "actor" / "4")
     )
@@ -221,7 +210,7 @@ def test_a_reward_that_raises_names_the_reward_and_the_sequence():
 def test_a_reward_that_cannot_be_built_is_a_config_error(tmp_path, capsys, reward, match):
     from rlhf.cli import main
 
-    config = write(tmp_path, "grpo.yaml", {**GRPO, "rewards": [reward]})
+    config = write_config(tmp_path, "grpo.yaml", {**GRPO, "rewards": [reward]})
     assert main(["grpo", str(config), "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert re.search(match, err), err

@@ -14,10 +14,10 @@ import subprocess
 import sys
 
 import pytest
-import yaml
 
 from jaxcore import PREEMPTION_EXIT_CODE, ConfigError
 from rlhf.cli import KILL_ENV, TERM_ENV
+from tests.rlhf.helpers import read_metrics, write_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 MODEL = dict(vocab_size=16, d_model=16, n_layers=1, n_heads=2, n_kv_heads=1, d_ff=32)
@@ -70,16 +70,6 @@ def run(stage, config, out, cache, *, procs, env=None):
     return proc.returncode, proc.stdout + proc.stderr
 
 
-def write(tmp_path, name, raw):
-    path = tmp_path / name
-    path.write_text(yaml.safe_dump({**raw, "train": {**raw["train"], "out": "unused"}}))
-    return path
-
-
-def metrics(out):
-    return [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
-
-
 def assert_close(want, got):
     """The same steps and values within float tolerance (2 x 4 devices sum in another
     order than 1 x 8)."""
@@ -93,9 +83,9 @@ def assert_close(want, got):
 def sft_single(tmp_path_factory, cache):
     """The uninterrupted SFT run in one process of 8 devices."""
     t = tmp_path_factory.mktemp("sft-single")
-    rc, log = run("sft", write(t, "sft.yaml", SFT), t / "out", cache, procs=1)
+    rc, log = run("sft", write_config(t, "sft.yaml", SFT), t / "out", cache, procs=1)
     assert rc == 0, log
-    return metrics(t / "out")
+    return read_metrics(t / "out")
 
 
 def stopped_at(log):
@@ -112,7 +102,7 @@ def stopped_at(log):
 def test_sft_two_processes_sigterm_stop_at_one_step_and_resume_to_the_one_process_run(
     tmp_path, cache, sft_single, target
 ):
-    config, out = write(tmp_path, "sft.yaml", SFT), tmp_path / "out"
+    config, out = write_config(tmp_path, "sft.yaml", SFT), tmp_path / "out"
     where = "1:step" if target == "every-rank" else "1:step@parent"
     rc, log = run("sft", config, out, cache, procs=2, env={TERM_ENV: where})
     assert rc == PREEMPTION_EXIT_CODE, log[-4000:]
@@ -121,31 +111,31 @@ def test_sft_two_processes_sigterm_stop_at_one_step_and_resume_to_the_one_proces
     assert set(steps) == {0, 1} and steps[0] == steps[1] < STEPS, log[-4000:]
     saved = [p.name for p in (out / "resume").iterdir() if p.name.isdigit()]
     assert saved == [str(steps[0])]  # one checkpoint, of the step both stopped at
-    assert [m["step"] for m in metrics(out)] == list(range(steps[0]))  # one writer
+    assert [m["step"] for m in read_metrics(out)] == list(range(steps[0]))  # one writer
 
     rc, log = run("sft", config, out, cache, procs=2)
     assert rc == 0, log[-4000:]
     assert not (out / "resume").exists()
-    assert_close(sft_single, metrics(out))
+    assert_close(sft_single, read_metrics(out))
 
 
 def test_sft_sigkill_of_one_rank_stops_the_launcher_and_the_rerun_ends_as_one_process(
     tmp_path, cache, sft_single
 ):
-    config, out = write(tmp_path, "sft.yaml", SFT), tmp_path / "out"
+    config, out = write_config(tmp_path, "sft.yaml", SFT), tmp_path / "out"
     rc, log = run("sft", config, out, cache, procs=2, env={KILL_ENV: "2:step@1"})
     assert rc == 137, log[-4000:]
     assert "rank 1 was killed by SIGKILL; the other ranks were stopped" in log
 
     rc, log = run("sft", config, out, cache, procs=2)
     assert rc == 0, log[-4000:]
-    assert_close(sft_single, metrics(out))
+    assert_close(sft_single, read_metrics(out))
 
 
 def test_an_error_on_one_rank_stops_the_launcher_at_once(tmp_path, cache):
     # metrics.jsonl is a folder: process 0 (the metrics writer) fails as training starts,
     # while process 1 waits in the first collective for it.
-    config, out = write(tmp_path, "sft.yaml", SFT), tmp_path / "out"
+    config, out = write_config(tmp_path, "sft.yaml", SFT), tmp_path / "out"
     (out / "metrics.jsonl").mkdir(parents=True)
     rc, log = run("sft", config, out, cache, procs=2)
     assert rc == 1, log[-4000:]
@@ -156,16 +146,18 @@ def test_an_error_on_one_rank_stops_the_launcher_at_once(tmp_path, cache):
 
 
 def test_dpo_two_processes_match_one_process(tmp_path, cache):
-    config = write(tmp_path, "dpo.yaml", DPO)
+    config = write_config(tmp_path, "dpo.yaml", DPO)
     rc, log = run("dpo", config, tmp_path / "one", cache, procs=1)
     assert rc == 0, log[-4000:]
     rc, log = run("dpo", config, tmp_path / "two", cache, procs=2)
     assert rc == 0, log[-4000:]
-    assert_close(metrics(tmp_path / "one"), metrics(tmp_path / "two"))
+    assert_close(read_metrics(tmp_path / "one"), read_metrics(tmp_path / "two"))
 
 
 def test_grpo_under_two_processes_says_to_run_one(tmp_path, cache):
-    rc, log = run("grpo", write(tmp_path, "grpo.yaml", GRPO), tmp_path / "out", cache, procs=2)
+    rc, log = run(
+        "grpo", write_config(tmp_path, "grpo.yaml", GRPO), tmp_path / "out", cache, procs=2
+    )
     assert rc == 2, log[-4000:]
     assert "grpo runs in one process (2 were started, from JAXCORE_*)" in log
     assert "jaxcore launch -n 1 --devices-per-process 8" in log
@@ -206,16 +198,16 @@ def test_sft_trains_on_chat_messages_and_text_with_data_tokenizer(tmp_path, caps
         "loss": {"packing": False, "length": 24},
         "data": {"path": str(chat_lines(tmp_path / "chat.jsonl", 24)), "held_out": 8},
     }
-    bare = write(tmp_path, "bare.yaml", raw)
+    bare = write_config(tmp_path, "bare.yaml", raw)
     assert main(["sft", str(bare), "--out", str(tmp_path / "bare")]) == 2
     err = capsys.readouterr().err
     assert "chat.jsonl:1: the record holds chat 'messages'; write prompt and completion" in err
     assert "set data.tokenizer to a tokenizer.json file or its folder" in err
 
     raw["data"]["tokenizer"] = str(folder)
-    config = write(tmp_path, "sft.yaml", raw)
+    config = write_config(tmp_path, "sft.yaml", raw)
     assert main(["sft", str(config), "--out", str(tmp_path / "out")]) == 0, capsys.readouterr()
-    assert [m["step"] for m in metrics(tmp_path / "out")] == [0, 1, 2]
+    assert [m["step"] for m in read_metrics(tmp_path / "out")] == [0, 1, 2]
 
 
 def test_preference_records_as_text_and_conversations_read_as_trl_writes_them(tmp_path):
@@ -262,6 +254,6 @@ def test_ppo_kl_coef_that_cannot_penalize_kl_is_a_config_error(tmp_path, ppo, ma
         "rewards": [{"fn": "rlhf.tasks:token_share"}],
     }
     with pytest.raises(ConfigError, match=match):
-        load_config("ppo", write(tmp_path, "ppo.yaml", raw))
-    ok = write(tmp_path, "ok.yaml", {**raw, "ppo": {"kl_coef": 0.0}})  # 0, fixed: no penalty
+        load_config("ppo", write_config(tmp_path, "ppo.yaml", raw))
+    ok = write_config(tmp_path, "ok.yaml", {**raw, "ppo": {"kl_coef": 0.0}})  # 0, fixed: no penalty
     assert load_config("ppo", ok).ppo.kl_coef == 0.0

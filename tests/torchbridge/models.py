@@ -19,6 +19,18 @@ class MLP(nn.Module):
         return self.fc2(F.gelu(self.fc1(x)))
 
 
+class TwoLayer(nn.Module):
+    """Two named layers (``a``, ``b``): tests freeze, regroup or skip one of them."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(4, 8)
+        self.b = nn.Linear(8, 3)
+
+    def forward(self, x):
+        return self.b(torch.relu(self.a(x)))
+
+
 class CNN(nn.Module):
     """Conv -> BatchNorm (train mode) -> ReLU -> pool -> linear."""
 

@@ -14,17 +14,8 @@ from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler, S
 import jaxcore as jc
 import torchbridge
 from tests.torchbridge.helpers import host
+from tests.torchbridge.models import TwoLayer
 from torchbridge.module import flatten
-
-
-class Net(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.a = torch.nn.Linear(4, 8)
-        self.b = torch.nn.Linear(8, 3)
-
-    def forward(self, x):
-        return self.b(torch.relu(self.a(x)))
 
 
 class Numbers(Dataset):
@@ -52,14 +43,14 @@ def _sgd(module):
     ids=["chained", "sequential", "plateau"],
 )
 def test_scheduler_without_base_lrs_is_refused_by_name(make_sched, name):
-    module = Net()
+    module = TwoLayer()
     opt = _sgd(module)
     with pytest.raises(torchbridge.UnsupportedError, match=f"{name} is not supported.*optax"):
         torchbridge.to_optax(opt, module, make_sched(opt))
 
 
 def test_param_group_added_after_the_scheduler_is_refused():
-    module = Net()
+    module = TwoLayer()
     opt = torch.optim.SGD([module.a.weight, module.a.bias], lr=0.1)
     sched = S.StepLR(opt, 2)
     opt.add_param_group({"params": [module.b.weight, module.b.bias], "lr": 0.01})
@@ -83,7 +74,7 @@ def _step_once(module, opt):
 )
 def test_optimizer_with_state_is_refused_not_restarted(make_opt):
     """A stepped (or load_state_dict-resumed) optimizer's moments cannot be dropped."""
-    module = Net()
+    module = TwoLayer()
     opt = make_opt(module)
     _step_once(module, opt)
     with pytest.raises(torchbridge.UnsupportedError, match=r"state.*freshly built"):
@@ -95,7 +86,7 @@ def test_optimizer_with_state_is_refused_not_restarted(make_opt):
 
 
 def test_stepped_sgd_without_momentum_has_no_state_to_lose():
-    module = Net()
+    module = TwoLayer()
     opt = _sgd(module)
     _step_once(module, opt)  # leaves {"momentum_buffer": None} per parameter
     torchbridge.to_optax(opt, module)

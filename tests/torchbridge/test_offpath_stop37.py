@@ -20,6 +20,7 @@ import transformers
 import jaxcore as jc
 import torchbridge
 from tests.torchbridge.helpers import max_abs_diff_to_torch
+from tests.torchbridge.models import TwoLayer
 
 STEPS = 5
 NO_DECAY = ("bias", "LayerNorm.weight", "norm.weight")
@@ -176,19 +177,9 @@ def test_torch_tensor_and_batch_encoding_batches_go_straight_into_the_step():
     assert max_abs_diff_to_torch(state.params, theirs) < 1e-6
 
 
-class Two(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.a = torch.nn.Linear(4, 8)
-        self.b = torch.nn.Linear(8, 3)
-
-    def forward(self, x):
-        return self.b(torch.relu(self.a(x)))
-
-
-def _pair() -> tuple[Two, Two]:
+def _pair() -> tuple[TwoLayer, TwoLayer]:
     torch.manual_seed(0)
-    ours = Two()
+    ours = TwoLayer()
     return ours, copy.deepcopy(ours)
 
 
@@ -200,7 +191,7 @@ def _batches(n: int) -> list[tuple[np.ndarray, np.ndarray]]:
     ]
 
 
-def _bridged(module: Two, opt: torch.optim.Optimizer, traces: list | None = None):
+def _bridged(module: TwoLayer, opt: torch.optim.Optimizer, traces: list | None = None):
     """The prepared state and train step; ``traces`` gets an item per trace of the loss."""
     engine = jc.Engine(parallel=jc.ParallelConfig(fsdp=8))
     state = torchbridge.prepare(engine, module, opt)
@@ -231,13 +222,13 @@ def test_trained_modules_state_dict_and_eager_calls_warn_until_the_weights_are_l
     state, _ = step(state, (x, y))
     with pytest.warns(
         UserWarning,
-        match=r"Two.state_dict\(\) after bridged training.*"
+        match=r"TwoLayer.state_dict\(\) after bridged training.*"
         r"load_state_dict\(torchbridge.state_dict\(state\)\)",
     ) as stale_warning:
         stale = ours.state_dict()
     assert stale_warning[0].filename == __file__
     assert torch.equal(stale["a.weight"], ours.a.weight)  # the pre-training weights
-    with pytest.warns(UserWarning, match=r"Two runs eagerly .*load_state_dict") as caught:
+    with pytest.warns(UserWarning, match=r"TwoLayer runs eagerly .*load_state_dict") as caught:
         ours(torch.from_numpy(x))
     assert caught[0].filename == __file__  # points at the caller's line
     ours.eval()  # the step retraces: the bridge's own call of the module is no eager one
@@ -255,7 +246,7 @@ def test_trained_modules_state_dict_and_eager_calls_warn_until_the_weights_are_l
     with pytest.warns(UserWarning, match="after bridged training"):
         ours.state_dict()
     ours.train()
-    with pytest.warns(UserWarning, match=r"preparing Two again .*load_state_dict"):
+    with pytest.warns(UserWarning, match=r"preparing TwoLayer again .*load_state_dict"):
         _bridged(ours, torch.optim.SGD(ours.parameters(), lr=0.1))
 
 

@@ -186,6 +186,12 @@ class Registry:
                 f"checkpoint directory {src} does not exist"
                 + (f" (the store's checkpoint {ckpt_row['id']} points at it)." if ckpt_row else ".")
             )
+        if not (src / "state.json").is_file() and not (src / "meta" / "metadata").is_file():
+            raise ConfigError(
+                f"{src} is not a checkpoint step directory (it has neither state.json nor "
+                "meta/metadata); pass one step's folder, e.g. runs/demo/1000 as written by "
+                "jaxcore.Checkpointer, or a checkpoint id from 'jaxcore experiment describe'."
+            )
         recorded = (ckpt_row or {}).get("meta") or {}
         model_config = model_config if model_config is not None else recorded.get("model_config")
         tokenizer = tokenizer if tokenizer is not None else recorded.get("tokenizer")

@@ -110,7 +110,7 @@ def test_a_version_whose_files_fail_is_not_left_in_the_store(registry, tmp_path)
     registry.create_model("m")
     broken = tmp_path / "not-a-checkpoint"
     broken.mkdir()
-    with pytest.raises(FileNotFoundError, match="metadata"):  # no Orbax metadata in it
+    with pytest.raises(ConfigError, match="not a checkpoint step directory"):
         registry.register("m", checkpoint=str(broken))
     assert registry.describe("m")["versions"] == []
 

@@ -32,9 +32,10 @@ def _state_ckpt(path: pathlib.Path, value: int) -> pathlib.Path:
 
 def test_a_failed_registration_leaves_no_files_for_the_next_version(registry, tmp_path):
     registry.create_model("m")
-    broken = tmp_path / "not-a-checkpoint"
-    broken.mkdir()
-    with pytest.raises(FileNotFoundError):  # no Orbax metadata in it
+    broken = tmp_path / "torn-checkpoint"
+    (broken / "meta").mkdir(parents=True)
+    (broken / "meta" / "metadata").write_text("{")  # the export fails after config.json
+    with pytest.raises(ValueError):
         registry.register("m", checkpoint=str(broken), model_config={"d_model": 999})
     # The next registration gets the freed number; it was given no model config, so its
     # folder must not hold the failed attempt's config.json.
@@ -98,3 +99,16 @@ def test_a_registration_killed_midway_is_never_resolved_and_the_next_one_works(r
     v = registry.register("m", checkpoint=str(_state_ckpt(tmp_path / "c3", 3)))
     assert v == 3 and registry.load("m") == {"a": 3}
     assert registry.load("m", 1) == {"a": 1}
+
+
+def test_a_folder_that_is_no_checkpoint_step_is_named_from_the_cli(tmp_path, capsys):
+    """``jaxcore model register m <dir>`` on a folder without a step's files: one line
+    saying what to pass (was a FileNotFoundError traceback about meta/metadata)."""
+    from jaxcore.experiments.cli import main
+
+    db = f"sqlite:///{tmp_path}/s/jaxcore.db"
+    (tmp_path / "empty").mkdir()
+    assert main(["model", "create", "m", "--db", db]) == 0
+    assert main(["model", "register", "m", str(tmp_path / "empty"), "--db", db]) == 2
+    err = capsys.readouterr().err
+    assert "not a checkpoint step directory" in err and "Traceback" not in err

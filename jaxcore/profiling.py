@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -22,7 +23,7 @@ import resource
 import statistics
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -407,18 +408,34 @@ class TraceWindow:
                 "num_steps >= 1."
             )
         self.log_dir = Path(log_dir)
+        try:  # now, not when the window opens mid-run
+            self.log_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise ConfigError(
+                f"TraceWindow: cannot create {self.log_dir} ({e.strerror}); give a directory "
+                "this process can write."
+            ) from None
         self.start, self.stop_after = start, start + num_steps - 1
         self.active = False
         self.done = False
 
-    def step(self, step: int) -> Any:
-        """Context for one step: starts the trace at ``start`` and annotates the step."""
+    @contextlib.contextmanager
+    def step(self, step: int) -> Iterator[None]:
+        """Context for one step: starts the trace at ``start`` and annotates the step.
+
+        A step that raises ends the window: the trace so far is written and the profiler
+        is free for the next one (it allows one trace per process at a time).
+        """
         if step == self.start and not self.active and not self.done:
-            self.log_dir.mkdir(parents=True, exist_ok=True)
             jax.profiler.start_trace(str(self.log_dir))
             self.active = True
             log.info("profiler trace started at step %d -> %s", step, self.log_dir)
-        return jax.profiler.StepTraceAnnotation("train", step_num=step)
+        try:
+            with jax.profiler.StepTraceAnnotation("train", step_num=step):
+                yield
+        except BaseException:
+            self.close()
+            raise
 
     def after(self, step: int, outputs: Any = None) -> None:
         """Call after the step: stops the trace (waiting for ``outputs``) at its last step."""

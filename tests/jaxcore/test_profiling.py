@@ -195,3 +195,25 @@ def test_progress_line_on_process_zero_only():
     with TrainProgress(10, console=Console(file=quiet), enabled=False) as progress:
         progress.update(5, loss=2.5)
     assert quiet.getvalue() == ""
+
+
+def test_a_step_that_raises_inside_the_window_ends_the_trace(tmp_path):
+    """The trace so far is written and the profiler freed: the next window starts (was
+    "Profile has already been started" until the user called close())."""
+    trace = prof.TraceWindow(tmp_path / "a", start=0, num_steps=3)
+    with pytest.raises(ZeroDivisionError), trace.step(0):
+        jnp.ones(3).block_until_ready()
+        1 / 0  # noqa: B018
+    assert trace.done and not trace.active
+    assert list((tmp_path / "a").rglob("*.xplane.pb"))
+    again = prof.TraceWindow(tmp_path / "b", start=0, num_steps=1)
+    with again.step(0):
+        y = jnp.ones(3) * 2
+    again.after(0, y)
+    assert list((tmp_path / "b").rglob("*.xplane.pb"))
+
+
+def test_a_trace_directory_that_cannot_be_made_is_refused_when_built(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(jc.ConfigError, match=r"TraceWindow: cannot create .*file/trace"):
+        prof.TraceWindow(tmp_path / "file" / "trace")

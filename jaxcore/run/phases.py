@@ -108,6 +108,18 @@ def package_sources(packages: tuple[str, ...]) -> list[dict[str, Any]]:
     return out
 
 
+def check_sources(sources: list[dict[str, Any]], output_dir: str) -> int:
+    """Validate the sources as the data phase will read them (types, paths, layouts,
+    unique names) without reading any file; returns the number of repositories.
+
+    Raises `data.DataError` (a usage error: exit 2 from `jaxcore run`), so `--dry-run`
+    finds a wrong path before a long job is launched, not an hour into it."""
+    from data import config_from_dict
+    from data.ingest import plan_units
+
+    return len(plan_units(config_from_dict({"sources": sources, "output_dir": output_dir}).sources))
+
+
 def input_hash(sources: list[dict[str, Any]], config: RunConfig) -> str:
     """Hash of every input file's path, size and mtime plus the curation settings: the
     key a dataset version is found by."""

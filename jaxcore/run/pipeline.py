@@ -166,6 +166,9 @@ def dry_run(config: RunConfig, *, console: Console | None = None) -> dict[str, A
     sources = ph.package_sources(config.data.packages) + [dict(s) for s in config.data.sources]
     key = ph.input_hash(sources, config)
     version_dir = pathlib.Path(config.data.output_dir) / f"v-{key[:12]}"
+    dataset_exists = (version_dir / "manifest.json").is_file()
+    # A dataset found by its input hash is reused without reading the sources again.
+    repositories = None if dataset_exists else ph.check_sources(sources, config.data.output_dir)
     outputs: dict[str, dict] = {}
     plan_phases = []
     for phase in ph.PHASES:
@@ -195,7 +198,8 @@ def dry_run(config: RunConfig, *, console: Console | None = None) -> dict[str, A
             "sources": [s["path"] for s in sources],
             "input_hash": key,
             "dataset_version": version_dir.name,
-            "dataset_exists": (version_dir / "manifest.json").is_file(),
+            "dataset_exists": dataset_exists,
+            "repositories": repositories,
         },
         "model": {**dataclasses.asdict(cfg), "parameters": count_params(cfg)},
         "mesh": {k: int(v) for k, v in engine.mesh.shape.items()},
@@ -221,7 +225,7 @@ def dry_run(config: RunConfig, *, console: Console | None = None) -> dict[str, A
     d = plan["data"]
     console.print(
         f"  data: {len(d['sources'])} sources, input hash {key[:12]} -> {d['dataset_version']} "
-        f"({'exists: reused' if d['dataset_exists'] else 'to build'})"
+        f"({'exists: reused' if dataset_exists else f'to build from {repositories} repositories'})"
     )
     console.print(
         f"  model: {plan['model']['parameters'] / 1e6:.2f}M parameters, vocab {vocab}, "

@@ -32,6 +32,7 @@ from collections.abc import Mapping, Sequence
 import jax
 
 from jaxcore.errors import ConfigError, JaxcoreError
+from jaxcore.lifeline import watch_lifeline
 
 log = logging.getLogger(__name__)
 
@@ -278,6 +279,8 @@ def initialize(
     `CoordinatorTimeoutError` (naming the address) when the coordinator does not come up
     within ``timeout_s`` (default ``$JAXCORE_INIT_TIMEOUT`` or 300 s).
     """
+    # A rank of `jaxcore launch` / `notebook_launcher` stops when its launcher is killed.
+    watch_lifeline()
     settings = detect(
         coordinator_address,
         num_processes,

@@ -42,6 +42,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TextIO
 
 from jaxcore.errors import ConfigError, JaxcoreError
+from jaxcore.lifeline import ENV_LIFELINE, Lifeline
 from jaxcore.runtime import (
     MALLOC_TUNABLES,
     PREEMPTION_EXIT_CODE,
@@ -201,16 +202,20 @@ def run_group(
     procs: list[subprocess.Popen] = []
     tails = [collections.deque(maxlen=TAIL_LINES) for _ in commands]
     threads = []
+    # Held until every rank is gone: if this process is killed, the ranks see the pipe
+    # end and stop themselves (`jaxcore.lifeline`), as they run in their own sessions.
+    lifeline = Lifeline(sigterm_grace_s)
     try:
         for rank, (cmd, env) in enumerate(zip(commands, envs, strict=True)):
             proc = subprocess.Popen(
                 list(cmd),
-                env=dict(env),
+                env={**env, ENV_LIFELINE: lifeline.env_value},
                 cwd=cwd,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
                 start_new_session=True,
+                pass_fds=(lifeline.read_fd,),
             )
             procs.append(proc)
             t = threading.Thread(
@@ -220,13 +225,20 @@ def run_group(
             )
             t.start()
             threads.append(t)
+        lifeline.started()
         failed = _watch(procs, timeout_s, stop, sigterm_grace_s)
     except BaseException:  # Ctrl-C or an error here: never leave orphans behind
-        _stop(procs, grace_s)
+        try:
+            _stop(procs, grace_s)
+        finally:
+            lifeline.close()
         raise
     slow = [r for r, p in enumerate(procs) if p.poll() is None]
     # After the preemption grace the ranks already had their SIGTERM: kill at once.
-    _stop(procs, 0.0 if failed == _TOO_SLOW else grace_s)
+    try:
+        _stop(procs, 0.0 if failed == _TOO_SLOW else grace_s)
+    finally:
+        lifeline.close()
     for t in threads:
         t.join(timeout=5)
     codes = tuple(p.poll() for p in procs)

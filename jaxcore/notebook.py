@@ -27,6 +27,9 @@ from jaxcore.launch import LaunchError, free_port, rank_envs, run_group
 
 log = logging.getLogger(__name__)
 
+KERNEL_GONE_GRACE_S = 5.0
+"""Seconds between SIGTERM and SIGKILL for ranks whose kernel has ended."""
+
 
 def notebook_launcher(
     fn: Callable[..., Any],
@@ -71,7 +74,15 @@ def notebook_launcher(
             init_timeout_s=init_timeout_s,
         )
         command = [sys.executable, "-u", "-m", "jaxcore.notebook", str(payload), str(work)]
-        result = run_group([command] * num_processes, envs, out=sys.stdout, timeout_s=timeout_s)
+        # Nothing forwards SIGTERM to notebook ranks; the grace only bounds how long they
+        # may take to stop once the kernel is gone (restarted, killed): `jaxcore.lifeline`.
+        result = run_group(
+            [command] * num_processes,
+            envs,
+            out=sys.stdout,
+            timeout_s=timeout_s,
+            sigterm_grace_s=KERNEL_GONE_GRACE_S,
+        )
         if result.returncode == 124 and result.failed_rank is None:
             raise LaunchError(f"notebook_launcher: timed out after {timeout_s} s.")
         if result.returncode:

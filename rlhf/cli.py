@@ -260,19 +260,27 @@ def run_rl(
     from rlhf.layout import build_roles
     from rlhf.ppo import PPOTrainer
     from rlhf.rewards import load_reward_model
-    from rlhf.tasks import random_prompts, read_jsonl
+    from rlhf.tasks import prompt_batch, random_prompts, read_jsonl
 
     t, p = cfg.train, cfg.prompts
     # First, so a bad prompts file, reward or reward.model path fails before anything
     # compiles.
     fixed = None
     if p.path:
-        fixed = [r["prompt"] for r in read_jsonl(p.path, ("prompt",), where="prompts.path")]
-        if not fixed:
+        records = read_jsonl(p.path, ("prompt",), where="prompts.path", tokenizer=p.tokenizer)
+        if not records:
             raise ConfigError(
                 f'prompts.path {p.path} holds no prompts; write one {{"prompt": [ids]}} '
                 "a line, or drop path to sample random prompts."
             )
+        where = f"prompts.path {p.path}"
+        _check_records(records, ("prompt",), cfg.model, where)
+        if empty := next((i for i, r in enumerate(records, 1) if not r["prompt"]), None):
+            raise ConfigError(
+                f"{where}: record {empty}: the prompt is empty; a rollout starts from at "
+                "least one prompt token."
+            )
+        fixed = [r["prompt"] for r in records]
     rewards = [(load_reward(s), s.weight) for s in cfg.rewards]
     reward_model = None
     if cfg.reward is not None:
@@ -290,7 +298,7 @@ def run_rl(
 
     def prompts(i: int) -> list[list[int]]:
         if fixed is not None:
-            return fixed
+            return prompt_batch(fixed, i, p.count)
         return random_prompts(i, p.count, p.length, p.low, cfg.model.vocab_size, p.seed)
 
     out = pathlib.Path(t.out)
@@ -344,7 +352,9 @@ def _records(cfg: RunConfig, keys: tuple[str, ...]) -> tuple[list[dict], list[di
             low=d.low,
             vocab=cfg.model.vocab_size,
         )
-    _check_records(records, keys, cfg.model, d.path)
+    _check_records(
+        records, keys, cfg.model, f"data.path {d.path}" if d.path else "data (synthetic)"
+    )
     if len(records) <= d.held_out:
         raise ConfigError(
             f"data: {len(records)} records but held_out={d.held_out}; add records or lower it."
@@ -352,10 +362,10 @@ def _records(cfg: RunConfig, keys: tuple[str, ...]) -> tuple[list[dict], list[di
     return records[: -d.held_out or None], records[len(records) - d.held_out :]
 
 
-def _check_records(records: list[dict], keys: tuple[str, ...], model: Any, path: Any) -> None:
+def _check_records(records: list[dict], keys: tuple[str, ...], model: Any, where: str) -> None:
     """Every id in ``[0, vocab_size)`` and prompt + answer within ``max_seq_len`` (an id
-    outside the vocabulary embeds as NaN; a longer row is past the model's context)."""
-    where = f"data.path {path}" if path else "data (synthetic)"
+    outside the vocabulary embeds as NaN; a longer row is past the model's context).
+    ``where`` names the records' source in errors."""
     vocab, limit = model.vocab_size, model.max_seq_len
     for i, rec in enumerate(records, 1):
         for k in keys:

@@ -54,11 +54,15 @@ class TrainSection:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class PromptSection:
-    """PPO/GRPO prompts: a JSONL file of ``{"prompt": [ids]}`` (``path``), or ``count``
-    random prompts of ``length`` ids in ``[low, vocab)`` drawn per iteration from
-    ``seed + iteration`` (so a resumed run sees the same prompts)."""
+    """PPO/GRPO prompts, ``count`` per iteration: from a JSONL file of ``{"prompt": ...}``
+    (``path``), the next ``count`` in file order, wrapping to its start; else random
+    prompts of ``length`` ids in ``[low, vocab)`` drawn from ``seed + iteration``. Either
+    way a resumed run sees the same prompts. A file's prompts are token ids, or with
+    ``tokenizer`` (a ``tokenizer.json`` file or its folder) text or chat messages
+    (rendered by the chat template with the generation prompt)."""
 
     path: str | None = None
+    tokenizer: str | None = None
     count: int = 16
     length: int = 3
     low: int = 0

@@ -28,6 +28,17 @@ def random_prompts(iteration: int, count: int, length: int, low: int, vocab: int
     return rng.integers(low, vocab, size=(count, length)).tolist()
 
 
+def prompt_batch(prompts: list[list[int]], iteration: int, count: int) -> list[list[int]]:
+    """Iteration ``iteration``'s prompts from a file's: the next ``count`` of them in
+    order, wrapping to the start (all of them when the file holds ``count`` or fewer).
+
+    A function of the iteration alone, so a resumed run sees the prompts the
+    uninterrupted one would have."""
+    k = min(count, len(prompts))
+    start = iteration * k
+    return [prompts[(start + j) % len(prompts)] for j in range(k)]
+
+
 def synthetic_records(
     n: int, *, seed: int, prompt_len: int, completion_len: int, token: int, low: int, vocab: int
 ) -> list[dict[str, list[int]]]:
@@ -108,11 +119,12 @@ class _Encoder:
 
     def __init__(self, spec: str | None, where: str):
         self._spec, self._tokenizer = spec, None
-        # Only data.path has a tokenizer setting to point to.
+        # data.path and prompts.path each have a tokenizer setting to point to.
+        setting = {"data.path": "data.tokenizer", "prompts.path": "prompts.tokenizer"}
         self._hint = (
-            ", or set data.tokenizer to a tokenizer.json file or its folder (with the chat "
-            "template in tokenizer_config.json) to read text and chat messages"
-            if where == "data.path" and spec is None
+            f", or set {setting[where]} to a tokenizer.json file or its folder (with the "
+            "chat template in tokenizer_config.json) to read text and chat messages"
+            if where in setting and spec is None
             else ""
         )
 

@@ -15,12 +15,13 @@ import pathlib
 from collections.abc import AsyncIterator, Iterable
 from typing import Annotated, Any
 
-from fastapi import FastAPI, HTTPException, Path
-from fastapi.responses import FileResponse
+import sqlalchemy as sa
+from fastapi import FastAPI, HTTPException, Path, Request
+from fastapi.responses import FileResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 
 from jaxcore.errors import ConfigError
-from jaxcore.experiments.store import MAX_ROW_ID
+from jaxcore.experiments.store import MAX_ROW_ID, safe_url
 from jaxcore.ui import queries, snapshots
 from jaxcore.ui.auth import TokenMiddleware
 
@@ -30,6 +31,27 @@ RowId = Annotated[int, Path(ge=0, le=MAX_ROW_ID)]  # SQLite INTEGER
 
 STATIC = pathlib.Path(__file__).with_name("static")
 PAGES = {"experiments", "experiment", "trial", "models", "datasets"}
+
+
+def store_error(reader: queries.StoreReader, error: sa.exc.DBAPIError) -> JSONResponse:
+    """503 naming the store and the database's own words, instead of a bare 500 (and a
+    traceback in the log at every poll): a damaged or locked file is the store's state,
+    not a dashboard bug; the page shows this text while it keeps polling (logged once)."""
+    cause = str(error.orig).strip() or type(error.orig).__name__
+    where = reader.path or safe_url(reader.url)
+    check = (
+        f"check the file with: sqlite3 {reader.path} 'PRAGMA integrity_check' and restore "
+        "it from a copy if it is damaged"
+        if reader.path
+        else "check that the database server is up and the store's tables are intact"
+    )
+    detail = (
+        f"the experiment store {where} cannot be read: {cause}. The page retries every "
+        f"second; if this persists, {check}, or point jaxcore ui at another store "
+        "(--workdir DIR or --db URL)."
+    )
+    queries.warn_once(detail)
+    return JSONResponse({"detail": detail}, status_code=503)
 
 
 def dataset_roots(dirs: Iterable[str | pathlib.Path]) -> dict[str, pathlib.Path]:
@@ -71,6 +93,10 @@ def create_app(
     if token is not None:
         app.add_middleware(TokenMiddleware, token=token)
     app.mount("/static", StaticFiles(directory=STATIC), name="static")
+
+    @app.exception_handler(sa.exc.DBAPIError)
+    async def unreadable_store(_request: Request, error: sa.exc.DBAPIError) -> JSONResponse:
+        return store_error(reader, error)
 
     def page(name: str) -> FileResponse:
         return FileResponse(STATIC / f"{name}.html", media_type="text/html")

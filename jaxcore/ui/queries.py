@@ -11,8 +11,10 @@ opens with ``mode=ro``; PostgreSQL sessions get ``default_transaction_read_only`
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import logging
 import os
 import pathlib
 import threading
@@ -51,17 +53,48 @@ PREEMPTED_EXIT = 75  # a trial that checkpointed and exited on SIGTERM
 LOG_TAIL_BYTES = 64_000
 
 
-JSON_COLUMNS = {"config", "hparams", "milestones", "values", "metrics", "meta", "tags"}
+# JSON columns and the shape the store writes in each
+JSON_COLUMNS: dict[str, type] = {
+    "config": dict,
+    "hparams": dict,
+    "milestones": list,
+    "values": dict,
+    "metrics": dict,
+    "meta": dict,
+    "tags": list,
+}
+log = logging.getLogger(__name__)
 
 
 def _json(key: str, value: Any) -> Any:
-    """JSON columns come back decoded, except where reflection saw an unknown type."""
-    if key in JSON_COLUMNS and isinstance(value, str):
+    """A JSON column's value decoded (SQLite's come as text, see `StoreReader.table`).
+
+    One that does not decode to the shape the store writes (half a document left by
+    another tool or a damaged page) is None, which the pages show as empty: it used to
+    make every route that read the row a 500.
+    """
+    if key not in JSON_COLUMNS or value is None:
+        return value
+    if isinstance(value, str):
         try:
-            return json.loads(value)
+            value = json.loads(value)
         except ValueError:
-            return value
-    return value
+            warn_once(f"store column {key!r} holds no valid JSON ({value[:80]!r}); shown empty")
+            return None
+    return value if isinstance(value, JSON_COLUMNS[key]) else None
+
+
+@functools.lru_cache(maxsize=256)
+def warn_once(message: str) -> None:
+    """Log a warning the first time only: pages poll every second and would repeat it."""
+    log.warning("jaxcore ui: %s", message)
+
+
+def _json_as_text(_inspector: Any, _table: sa.Table, column: dict[str, Any]) -> None:
+    """Reflect SQLite's JSON columns as text so that `_json` decodes them, one value at a
+    time, instead of SQLAlchemy failing the whole query on one bad value."""
+    if isinstance(column["type"], sa.JSON):
+        column["type"] = sa.Text()
 
 
 def _plain(row: dict[str, Any]) -> dict[str, Any]:
@@ -122,6 +155,8 @@ class StoreReader:
                 if not self.available():
                     return None
                 md = sa.MetaData()
+                if self.path is not None:
+                    sa.event.listen(md, "column_reflect", _json_as_text)
                 try:
                     md.reflect(self.engine, only=[TABLES[key]])
                 except sa.exc.InvalidRequestError:  # not created yet
@@ -302,7 +337,12 @@ def _pbt_lineage(trials: list[dict], searcher: dict[str, Any]) -> dict[str, Any]
 
 
 def experiment_detail(r: StoreReader, exp_id: int) -> dict[str, Any] | None:
-    """One experiment: trials with hyperparameters, curves, ASHA rungs or PBT lineage."""
+    """One experiment: trials with hyperparameters, curves, ASHA rungs or PBT lineage.
+
+    The revision is taken before the data: a write between the two then shows as a new
+    revision at the next poll (taken after, the poll would call the stale data current).
+    """
+    rev = revision(r, exp_id=exp_id)
     et = r.table("experiments")
     exps = r.rows("experiments", et.c.id == exp_id) if et is not None else []
     if not exps:
@@ -350,7 +390,7 @@ def experiment_detail(r: StoreReader, exp_id: int) -> dict[str, Any] | None:
         "trials_detail": out_trials,
         "best_trial": best_trial,
         "curves": {str(k): v for k, v in curves.items()},
-        "revision": revision(r, exp_id=exp_id),
+        "revision": rev,
     }
     if searcher.get("name") == "adaptive_asha":
         detail["asha"] = _asha_rungs(trials, curves, smaller)
@@ -391,7 +431,9 @@ def _trial_best(t: dict, series: dict, searcher: dict) -> float | None:
 
 
 def trial_detail(r: StoreReader, trial_id: int) -> dict[str, Any] | None:
-    """One trial: every metric curve, its checkpoints with metrics, logs, restarts."""
+    """One trial: every metric curve, its checkpoints with metrics, logs, restarts (the
+    revision taken before the data, as in `experiment_detail`)."""
+    rev = trial_revision(r, trial_id)
     tt = r.table("trials")
     found = r.rows("trials", tt.c.id == trial_id) if tt is not None else []
     if not found:
@@ -436,7 +478,7 @@ def trial_detail(r: StoreReader, trial_id: int) -> dict[str, Any] | None:
         "series": series,
         "checkpoints": ckpts,
         "logs": logs,
-        "revision": trial_revision(r, trial_id),
+        "revision": rev,
     }
 
 

@@ -68,6 +68,8 @@ async function main() {
         UI.el("td", { class: "num dropped" }, v.dropped.files),
         UI.el("td", { class: "num" }, (v.outputs.bytes / 1e6).toFixed(2)),
         UI.el("td", { class: "num" }, UI.fmt(v.optout_registry_version)))), { class: "versions" }),
+    ...(ds.damaged || []).map((d) => UI.el("p", { class: "damaged", dataset: { version: d.version } },
+      `${d.version} is left out: ${d.error}`)),
     ds.versions.length >= 2 ? diffCard(ds) : null,
     ...ds.versions.map((v) => versionCard(ds, v)))));
 }

@@ -42,6 +42,7 @@ from data.secrets import (
     find_secrets,
     provider_value_ok,
     shannon_entropy,
+    twilio_auth_tokens,
 )
 from data.step import Step
 
@@ -387,6 +388,7 @@ class PIIDetector:
                 Finding("key", m.start(), m.end(), m.group(0))
                 for m in PRIVATE_KEY_BLOCK.finditer(text)
             ]
+        out += [Finding("key", s, e, v) for s, e, v in twilio_auth_tokens(text)]
         folded: str | None = None
         for kp in _provider_patterns():
             if not kp.may_match(text, ""):

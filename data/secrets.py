@@ -103,6 +103,13 @@ PROVIDER_HINTS = (
 EXAMPLE_JWT_SIGNATURES = ("SflKxwRJSMeKKF2QT4fwpMeJf36POk6yJV_adQssw5c",)
 EXAMPLE_JWT_PAYLOAD = "eyJzdWIiOiIxMjM0NTY3ODkwIiwibmFtZSI6IkpvaG4gRG9lIiwiaWF0IjoxNTE2MjM5MDIyfQ"
 
+# Twilio's auth token is 32 bare hex digits, a secret only by its company: trufflehog's
+# twilio detector (pkg/detectors/twilio) pairs it with an ``AC`` account SID; here the SID
+# must be on the same line (``Client.new('AC...', '<token>')``, ``twilio(sid, token)``).
+# (No leading ``\b``: a literal prefix lets ``re`` skip ahead in C; checked after.)
+TWILIO_SID = re.compile(r"AC[0-9a-f]{32}\b")
+TWILIO_TOKEN = re.compile(r"""(["'])([0-9a-f]{32})\1""")
+
 # -- names -------------------------------------------------------------------------------
 _PARTS = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+")
 PASSWORD_PARTS = frozenset({"password", "passwd", "passphrase", "pwd", "pass", "pw", "passw"})
@@ -520,6 +527,20 @@ def provider_value_ok(value: str) -> bool:
     return True
 
 
+def twilio_auth_tokens(text: str) -> Iterator[tuple[int, int, str]]:
+    """(start, end, value) of quoted 32-hex auth tokens on a line with a Twilio SID."""
+    if "AC" not in text:
+        return
+    for m in TWILIO_SID.finditer(text):
+        if m.start() and (text[m.start() - 1].isalnum() or text[m.start() - 1] == "_"):
+            continue
+        ls = text.rfind("\n", 0, m.start()) + 1
+        le = text.find("\n", m.end())
+        for t in TWILIO_TOKEN.finditer(text, ls, len(text) if le < 0 else le):
+            if shannon_entropy(t.group(2)) >= 3.0:
+                yield t.start(2), t.end(2), t.group(2)
+
+
 # -- syntaxes ----------------------------------------------------------------------------
 _Q = r"""(?P<q>["'`])(?P<qv>[^"'`\n]{1,1024})(?P=q)"""
 _BARE = r"""(?P<bv>[^\s"'`<>\[\]{}|]{1,1024})"""
@@ -547,6 +568,10 @@ ENV_SPACE_HEAD = re.compile(r"(?:ENV|#define|setx|setenv|set(?:[ \t]+-[a-zA-Z]+)
 # Config-file directives whose value is a password: redis.conf's `requirepass x` and
 # `masterauth x` (the names are not key-like words).
 DIRECTIVE = re.compile(r"[ \t]*(?:requirepass|masterauth)[ \t]+" + _VALUE)
+# YAML block scalars: ``password: |`` / ``token: >-`` and the value on the indented lines
+# below (gitleaks' generic-api-key reads one line only; the value here is the block's).
+YAML_BLOCK_TAIL = re.compile(r"""["']?[ \t]*:[ \t]*[|>][1-9]?[+-]?[1-9]?[ \t]*(?:#[^\n]*)?$""")
+YAML_BLOCK_LINES = 32
 # Setters: setPassword("x"), password.set("x"), withApiKey("x").
 SETTER_TAIL = re.compile(r"(?:\.set|\.setValue)?\(\s*" + _Q + r"\s*\)")
 # "name", "value" pairs: PHP define(), setenv(), .set("password", ...), env["NAME"] = "...".
@@ -582,10 +607,11 @@ CLI_POSITIONAL = re.compile(r"\bhtpasswd\s+-\w*b\w*\s+(?:-\w+\s+)*\S+\s+\S+\s+(?
 # Query strings: ?access_token=x&...
 QUERY = re.compile(r"[?&](?P<name>[\w.-]{1,40})=(?P<bv>[^&\s\"'<>)`]{8,})")
 QUERY_KEY_NAMES = frozenset({"key", "sig"})
-# URL userinfo, with or without a user: scheme://user:pass@host, redis://:pass@host.
+# URL userinfo, with or without a user: scheme://user:pass@host, redis://:pass@host; the
+# host may be a template (f"...@{host}", "...@${DB_HOST}", "...@%(host)s").
 USERINFO = re.compile(
     r"\b[a-z][\w+.-]{1,20}://(?P<u>[^:/?#@\s\"']*):(?P<bv>[^\s/\"']{1,128})@"
-    r"(?=[\w\[])"
+    r"(?=[\w\[{$%])"
 )
 # curl -u user:password, curl --user 'user:password'
 CURL_USER = re.compile(r"""(?<![\w-])(?:-u|--user)(?:=|[ \t]+)["']?[^\s:"'$]+:(?P<bv>[^\s"'@]+)""")
@@ -618,8 +644,10 @@ _STR = re.compile(r"""\s*(?:[bru]?(["'])((?:(?!\1).){0,256})\1|([^,()"']*))\s*""
 
 
 # A call, a dotted name, or a PowerShell cmdlet (`$pw = ConvertTo-SecureString ...`).
+# A dotted name's parts start with a letter: ``self.pw`` is code, a kubeadm bootstrap
+# token ``7daufe.1yj2hsmmls6pzfbe`` is not.
 _CALL_LIKE = re.compile(
-    r"^[\w.:]+\(|^\w+(?:(?:\.|::)\w+)+$|"
+    r"^[\w.:]+\(|^[A-Za-z_]\w*(?:(?:\.|::)[A-Za-z_]\w*)+$|"
     r"^(?:Get|Set|New|Read|Invoke|ConvertTo|ConvertFrom|Import|Export|Join|Out|Format)"
     r"-[A-Z][A-Za-z]+$"
 )
@@ -774,6 +802,8 @@ def _named_secrets(text: str, s: int, e: int, low: str) -> Iterator[Hit]:
             in_query = before in ("?", "&")  # ?api_key=x&page=2: the value ends at "&"
             yield from _judge(kind, _value_at(ASSIGN_TAIL, text, b, e, in_query), name)
             yield from _judge(kind, _value_at(TYPED_TAIL, text, b, e), name)
+            if YAML_BLOCK_TAIL.match(text, b, e):
+                yield from _judge(kind, _yaml_block(text, s, e), name)
         if a - s <= 24 and ENV_SPACE_HEAD.fullmatch(text, s, a):
             yield from _judge(kind, _value_at(ENV_SPACE_TAIL, text, b, e), name)
         yield from _judge(kind, _value_at(SETTER_TAIL, text, b, e), name)
@@ -787,6 +817,37 @@ def _named_secrets(text: str, s: int, e: int, low: str) -> Iterator[Hit]:
                 yield from _judge(kind, _value(m), name)
         if before == ":" or _dsl_ok(text, s, a):  # Clojure's {:password "x"}
             yield from _judge(kind, _value_at(DSL_TAIL, text, b, e), name)
+
+
+def _yaml_block(text: str, s: int, e: int) -> tuple[str, int, int, bool] | None:
+    """(value, start, end, quoted) of the block scalar whose header line is ``text[s:e]``.
+
+    The block is the following lines indented deeper than the header's key; its value is
+    their stripped contents joined (a wrapped base64 key is one value). None when empty
+    or longer than ``YAML_BLOCK_LINES`` lines (a document, not a secret).
+    """
+    indent = len(text[s:e]) - len(text[s:e].lstrip(" -"))
+    parts: list[str] = []
+    start = end = -1
+    pos = e + 1
+    while pos <= len(text):
+        nl = text.find("\n", pos)
+        le = len(text) if nl < 0 else nl
+        line = text[pos:le]
+        body = line.strip()
+        if body:
+            if len(line) - len(line.lstrip(" ")) <= indent:
+                break
+            if len(parts) == YAML_BLOCK_LINES:
+                return None
+            parts.append(body)
+            if start < 0:
+                start = pos + line.index(body)
+            end = pos + line.rindex(body) + len(body)
+        pos = le + 1
+    if not parts or (len(parts) > 1 and any(" " in p for p in parts)):
+        return None
+    return "".join(parts), start, end, False
 
 
 def _value_at(

@@ -132,6 +132,19 @@ SECRET_PARTS = frozenset(
         "sig",
     }
 )
+# Key names written in one lowercase word, which `_PARTS` cannot split (docker's
+# ``config.json`` ``identitytoken``, ``accesstoken``).
+JOINED_KEY_NAMES = (
+    "apikey",
+    "secretkey",
+    "accesstoken",
+    "authtoken",
+    "identitytoken",
+    "refreshtoken",
+    "sessiontoken",
+    "bearertoken",
+    "apitoken",
+)
 KEY_QUALIFIERS = frozenset(
     {
         "api",
@@ -327,7 +340,7 @@ def name_kind(name: str) -> str | None:
         return None
     if any(p in PASSWORD_PARTS for p in parts) or "password" in low or "passwd" in low:
         return "password"
-    if any(p in SECRET_PARTS for p in parts) or "apikey" in low or "secretkey" in low:
+    if any(p in SECRET_PARTS for p in parts) or any(w in low for w in JOINED_KEY_NAMES):
         return "key"
     for i, p in enumerate(parts):
         if p == "key" and i > 0 and parts[i - 1] in KEY_QUALIFIERS:
@@ -590,6 +603,16 @@ TRIGGER = re.compile(r"pass|pwd|pw|token|secret|key|cred|auth|sig|sas")
 _NAME_CHARS = frozenset(string.ascii_letters + string.digits + "_.-")
 # .netrc: machine host login user password value
 NETRC = re.compile(r"\blogin\s+\S+\s+password\s+(?P<bv>\S+)")
+# .netrc written one token pair a line (the common layout): ``password x`` alone on its
+# line, right after a ``login y`` / ``machine h`` / ``default`` line (a bare "password
+# ..." line elsewhere is prose).
+NETRC_PASSWORD_LINE = re.compile(r"[ \t]*password[ \t]+(?P<bv>\S+)[ \t]*$")
+NETRC_PREVIOUS_LINE = re.compile(
+    r"[ \t]*(?:(?:machine|login|account)[ \t]+\S+[ \t]*)+$|[ \t]*default[ \t]*$"
+)
+# ... in an entry that starts with ``machine h`` or ``default`` at most a few lines up.
+NETRC_ENTRY = re.compile(r"(?:^|\n)[ \t]*(?:machine[ \t]+\S|default[ \t]*(?:\n|$))")
+NETRC_ENTRY_LOOKBACK = 240
 # Short -p/-a flags only for tools where they mean a password (mysql -pX, sshpass -p X,
 # docker login -p X, redis-cli -a X).
 SHORT_FLAG_TOOLS = re.compile(
@@ -739,6 +762,15 @@ def _line_secrets(text: str, s: int, e: int) -> Iterator[Hit]:
         if needle in low:
             for m in rx.finditer(text, s, e):
                 yield from _judge("password", _value(m), "")
+    if "password" in low and (m := NETRC_PASSWORD_LINE.fullmatch(text, s, e)):
+        prev_end = max(s - 1, 0)
+        prev_start = text.rfind("\n", 0, prev_end) + 1
+        if (
+            s > 0
+            and NETRC_PREVIOUS_LINE.fullmatch(text, prev_start, prev_end)
+            and NETRC_ENTRY.search(text, max(0, s - NETRC_ENTRY_LOOKBACK), s)
+        ):
+            yield from _judge("password", _value(m), "")
     authish = "auth" in low
     if authish or "bearer" in low:
         for m in AUTH_SCHEME.finditer(text, s, e):

@@ -4,7 +4,11 @@ The floors are the figures measured on the held-out families, which no change wa
 on (recall 41/46, precision 41/41; asserted at one case less). The specific tests are the
 kinds the tuning families showed missing: kubeadm bootstrap tokens (``abcdef.0123...``
 was read as a dotted name), DSNs whose host is a template (``...:pw@{host}``), YAML block
-scalars (``password: |``), and Twilio auth tokens next to their account SID."""
+scalars (``password: |``), and Twilio auth tokens next to their account SID.
+
+Two held-out misses were fixed after the held-out figure above was taken (so the
+held-out part no longer measures them unseen): ``.netrc`` with one token pair a line, and
+docker's one-word ``identitytoken``; they are the last positives below."""
 
 from __future__ import annotations
 
@@ -64,6 +68,17 @@ POSITIVES = [
         '"4f8e2d6c0b9a7e5d3c1b2a4f6e8d0c9b");\n',
         "4f8e2d6c0b9a7e5d3c1b2a4f6e8d0c9b",
     ),
+    (
+        "netrc one pair a line",
+        "machine api.heroku.com\n  login jane@fernhill.io\n  password 0a1b2c3d-4e5f\n",
+        "0a1b2c3d-4e5f",
+    ),
+    ("netrc default", "default\nlogin anonymous\npassword Qx7!vR2pLm9w\n", "Qx7!vR2pLm9w"),
+    (
+        "docker identitytoken",
+        '{"auths": {"r.io": {"identitytoken": "9f8e7d6c5b4a39281706f5e4d3c2b1a0"}}}\n',
+        "9f8e7d6c5b4a39281706f5e4d3c2b1a0",
+    ),
 ]
 NEGATIVES = [
     ("dotted name", "auth:\n  token: settings.api_token\n  password: config.db.password\n"),
@@ -73,6 +88,8 @@ NEGATIVES = [
     ("yaml prose 2", "token: >\n  Paste the token shown on the settings page\n  here.\n"),
     ("yaml ref", "db:\n  password: |\n    ${DB_PASSWORD}\n"),
     ("yaml not a secret name", "description: |\n  Kq7vLm2Zp9xRt5nVb8Qw2zXw8pQ2rLm5v\n"),
+    ("login prose", "The login form\npassword field is below.\n"),
+    ("no netrc entry", "the default\nlogin screen\npassword field\n"),
     ("md5 without sid", 'ETAG = "9c1e7f3a5b2d4c6e8f0a1b3c5d7e9f2a"\n'),
 ]
 

@@ -18,7 +18,7 @@ import optax
 import jaxcore as jc
 from torchbridge.errors import UnsupportedError
 from torchbridge.module import BoundModule, bridge
-from torchbridge.optim import HostHyperparams, to_optax
+from torchbridge.optim import HostHyperparams, host_driven, to_optax
 from torchbridge.sharding import linear_rules_on_conv1d
 from torchbridge.step import TorchPlan
 
@@ -38,6 +38,8 @@ def prepare(
     A torch optimizer (and LR scheduler) is mapped to optax with the same update
     (`torchbridge.to_optax`); the module's current weights become the initial parameters.
     ``train`` is `from_torch`'s: ``True`` trains a module left in eval mode in train mode.
+    A ``ReduceLROnPlateau`` is stepped by the loop (``scheduler.step(metric)``), which sets
+    ``group["lr"]`` for the next step, as in torch.
     ``schedule_steps`` and ``clip_grad_value`` are `to_optax`'s (a ``LambdaLR`` horizon;
     ``torch.nn.utils.clip_grad_value_``, which has no ``.grad`` to clip in a bridged loop).
     The torch optimizer's ``state_dict`` / ``load_state_dict`` then raise: its moments live
@@ -74,7 +76,7 @@ def prepare(
         tx = to_optax(
             optimizer,
             module,
-            scheduler,
+            None if host_driven(scheduler) else scheduler,
             schedule_steps=schedule_steps,
             clip_grad_value=clip_grad_value,
         )

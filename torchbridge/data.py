@@ -5,23 +5,28 @@ source (``__len__``/``__getitem__``, NumPy records, a stable ``repr`` so a check
 position is checked against the same data). It feeds ``grain.MapDataset.source`` and so
 any Grain-based loader (``jaxcore.input`` included).
 
-`TorchLoader` carries a ``DataLoader``'s batch size, shuffle, ``drop_last`` and
-``collate_fn`` over: epoch *e* visits the same indices in the same batches as the
+`TorchLoader` carries a ``DataLoader``'s batch size, sampler (shuffle or not,
+``WeightedRandomSampler``, ``SubsetRandomSampler``, ``DistributedSampler``), ``drop_last``
+and ``collate_fn`` over: epoch *e* visits the same indices in the same batches as the
 DataLoader's *e*-th ``iter()`` (it replays torch's RNG draws: the base-seed draw from the
 loader's generator, then ``randperm`` from the sampler's, the same one unless
 ``sampler=RandomSampler(ds, generator=g)`` brings its own; a ``None`` generator is the
-global RNG as captured when the bridge was built). Batches come out as global
+global RNG as captured when the bridge was built; with persistent workers only the first
+epoch draws a base seed, as torch's one iterator does). Batches come out as global
 ``jax.Array``s sharded over the engine's data axes. Its state, ``{"epoch", "batch",
 "rng"}`` (plus ``"sampler_rng"`` for a sampler's own generator; JSON-able), restores the
 exact position. With several processes, process *p* loads torch batch ``k * P + p`` of each
 step *k* (Accelerate's ``BatchSamplerShard``), so ``batch_size`` is per process. *P* and
 *p* are the engine's row blocks (`jaxcore.Engine.process_batch_block`): the process count
-and index unless processes share rows (then they load the same batches).
+and index unless processes share rows (then they load the same batches). A
+``DistributedSampler`` built for that block already shards: each process loads its share.
 """
 
 from __future__ import annotations
 
 import base64
+import copy
+import dataclasses
 import logging
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -41,7 +46,8 @@ def numpy_tree(x: Any) -> Any:
     """Torch tensors (in any nesting of mappings, lists and tuples) as NumPy arrays.
 
     Every mapping becomes a plain dict: transformers' collators return a ``BatchEncoding``
-    (a ``UserDict``), which JAX would take for one leaf, not a dict of arrays.
+    (a ``UserDict``), which JAX would take for one leaf, not a dict of arrays. A dataclass
+    keeps its type, and must be a JAX pytree (`_dataclass`).
     """
     import torch
     from torch.utils import _pytree
@@ -49,9 +55,29 @@ def numpy_tree(x: Any) -> Any:
     def one(v: Any) -> Any:
         if isinstance(v, Mapping):
             return {k: numpy_tree(item) for k, item in v.items()}
+        if dataclasses.is_dataclass(v) and not isinstance(v, type):
+            return _dataclass(v)
         return to_numpy(v) if isinstance(v, torch.Tensor) else v
 
     return _pytree.tree_map(one, x, is_leaf=lambda v: isinstance(v, Mapping))
+
+
+def _dataclass(v: Any) -> Any:
+    """A dataclass batch (a ``collate_fn``'s) with its fields as NumPy.
+
+    JAX takes an unregistered dataclass for a single leaf, and the step would then see one
+    "scalar" instead of its arrays: refused, naming the registration that fixes it.
+    """
+    leaves = jax.tree.leaves(v)
+    if len(leaves) == 1 and leaves[0] is v:
+        name = type(v).__name__
+        raise jc.BatchError(
+            f"the batch is (or holds) a {name} dataclass, which JAX takes for one leaf, not "
+            f"for its fields. Register it once: jax.tree_util.register_dataclass({name}), "
+            "or return a dict, tuple or namedtuple from the collate_fn."
+        )
+    fields = {f.name: numpy_tree(getattr(v, f.name)) for f in dataclasses.fields(v) if f.init}
+    return dataclasses.replace(v, **fields)
 
 
 class DatasetSource:
@@ -84,6 +110,35 @@ class DatasetSource:
         return f"DatasetSource(name={self.name!r}, len={len(self)})"
 
 
+def _check_sampler(sampler: Any) -> bool:
+    """Refuse a sampler whose order cannot be replayed; whether it draws from a generator."""
+    from torch.utils.data import (
+        RandomSampler,
+        SequentialSampler,
+        SubsetRandomSampler,
+        WeightedRandomSampler,
+    )
+    from torch.utils.data.distributed import DistributedSampler
+
+    if isinstance(sampler, RandomSampler):
+        if sampler.replacement or sampler._num_samples is not None:
+            raise UnsupportedError(
+                "TorchLoader: RandomSampler with replacement or num_samples is not "
+                "supported; use shuffle=True, or WeightedRandomSampler(torch.ones(n), "
+                "num_samples) to draw with replacement."
+            )
+        return True
+    if isinstance(sampler, (WeightedRandomSampler, SubsetRandomSampler)):
+        return True
+    if isinstance(sampler, (SequentialSampler, DistributedSampler)):
+        return False
+    raise UnsupportedError(
+        f"TorchLoader: sampler {type(sampler).__name__} is not supported (its order cannot "
+        "be replayed for an exact resume); use shuffle=True/False, RandomSampler, "
+        "WeightedRandomSampler, SubsetRandomSampler or DistributedSampler."
+    )
+
+
 def _encode(state: Any) -> str:
     return base64.b64encode(bytes(state.numpy().tobytes())).decode("ascii")
 
@@ -106,7 +161,8 @@ class TorchLoader:
 
     Args:
         dataloader: a ``torch.utils.data.DataLoader`` over a map-style dataset, with the
-            default sequential or random (no replacement) sampler.
+            default sequential or random (no replacement) sampler, a weighted, subset or
+            distributed one.
         engine: batches go through ``engine.shard_batch``; ``None`` yields NumPy.
         num_epochs: stop after this many epochs (``None``: run forever).
         prefetch: batches Grain prepares ahead in background threads.
@@ -126,33 +182,33 @@ class TorchLoader:
         num_epochs: int | None = None,
         prefetch: int = 2,
     ):
-        from torch.utils.data import RandomSampler, SequentialSampler
+        from torch.utils.data import IterableDataset
 
+        if isinstance(dataloader.dataset, IterableDataset):
+            raise UnsupportedError(
+                f"TorchLoader: {type(dataloader.dataset).__name__} is an IterableDataset, "
+                "which has no indices to replay, so its position cannot be saved or its "
+                "batches split over processes. Feed the DataLoader's batches to the step "
+                "as they are (`for batch in dataloader: state, metrics = step(state, "
+                "batch)`; not resumable mid-epoch, and with several processes each one's "
+                "dataset must yield its own shard), or make the dataset map-style "
+                "(__len__ and __getitem__)."
+            )
         if dataloader.batch_size is None:
             raise UnsupportedError(
                 "TorchLoader: a DataLoader without batch_size (batch_size=None or a custom "
                 "batch_sampler) is not supported; build it as DataLoader(dataset, "
                 "batch_size=N, shuffle=..., drop_last=...)."
             )
-        sampler = dataloader.sampler
-        if isinstance(sampler, RandomSampler):
-            if sampler.replacement or sampler._num_samples is not None:
-                raise UnsupportedError(
-                    "TorchLoader: RandomSampler with replacement or num_samples is not "
-                    "supported; use shuffle=True."
-                )
-            self.shuffle = True
-        elif isinstance(sampler, SequentialSampler):
-            self.shuffle = False
-        else:
-            raise UnsupportedError(
-                f"TorchLoader: sampler {type(sampler).__name__} is not supported; use "
-                "DataLoader(shuffle=True/False)."
-            )
         self.dataloader = dataloader
         self.engine = engine
+        self.sampler = dataloader.sampler
+        self.shuffle = _check_sampler(self.sampler)
+        self.distributed = self._check_distributed()
         self.batch_size = dataloader.batch_size
         self.drop_last = dataloader.drop_last
+        # With persistent workers, only the DataLoader's first iter() draws a base seed.
+        self._seeds_once = dataloader.persistent_workers and dataloader.num_workers > 0
         self.collate_fn = dataloader.collate_fn
         self.source = DatasetSource(dataloader.dataset, numpy=False)
         self.num_epochs = num_epochs
@@ -162,44 +218,82 @@ class TorchLoader:
         # builds; `sampler=RandomSampler(ds, generator=g)` has another); None is the global
         # RNG, as captured now. One stream when both are the same.
         loader_gen = dataloader.generator
-        self._sampler_gen = sampler.generator if self.shuffle else loader_gen
+        self._sampler_gen = self.sampler.generator if self.shuffle else loader_gen
         self._split = self._sampler_gen is not loader_gen
         self._state = {"epoch": 0, "batch": 0, "rng": _encode(_rng_state(loader_gen))}
         if self._split:
             self._state["sampler_rng"] = _encode(_rng_state(self._sampler_gen))
+
+    def _check_distributed(self) -> bool:
+        """Whether a ``DistributedSampler`` shards the data; it must name this process."""
+        from torch.utils.data.distributed import DistributedSampler
+
+        if not isinstance(self.sampler, DistributedSampler):
+            return False
+        me, procs = self._block()
+        if (self.sampler.rank, self.sampler.num_replicas) != (me, procs):
+            raise jc.ConfigError(
+                f"TorchLoader: DistributedSampler(num_replicas={self.sampler.num_replicas}, "
+                f"rank={self.sampler.rank}), but this is process {me} of the {procs} that "
+                "load different batches. Build it as DistributedSampler(dataset, "
+                f"num_replicas={procs}, rank={me}) (jax.process_count(), "
+                "jax.process_index()), or use shuffle=True/False without it: TorchLoader "
+                "then gives each process its own batches."
+            )
+        return True
 
     # ------------------------------------------------------------------ order
     def _epoch_batches(self, state: dict[str, Any]) -> tuple[list[list[int]], dict[str, str]]:
         """This epoch's batches of indices, and the RNG states the next epoch starts from."""
         import torch
 
-        n = len(self.source)
         gen = torch.Generator()
         gen.set_state(_decode(state["rng"]))
-        torch.empty((), dtype=torch.int64).random_(generator=gen)  # the iterator's base seed
+        if not self._seeds_once or state["epoch"] == 0:
+            torch.empty((), dtype=torch.int64).random_(generator=gen)  # the base seed
         perm = gen
         if self._split:
             perm = torch.Generator()
             perm.set_state(_decode(state["sampler_rng"]))
-        if self.shuffle:
-            if self._sampler_gen is not None:
-                order = torch.randperm(n, generator=perm).tolist()
-                # RandomSampler.__iter__ ends with `randperm(n)[: num_samples % n]`, which
-                # still draws a full permutation when the epoch is exhausted (torch 2.13).
-                torch.randperm(n, generator=perm)
-            else:  # RandomSampler seeds a fresh generator from the global RNG
-                seed = int(torch.empty((), dtype=torch.int64).random_(generator=perm).item())
-                order = torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
-        else:
-            order = list(range(n))
+        order = self._order(perm, state["epoch"])
         size = self.batch_size
-        batches = [order[i : i + size] for i in range(0, n, size)]
+        batches = [order[i : i + size] for i in range(0, len(order), size)]
         if self.drop_last and batches and len(batches[-1]) < size:
             batches.pop()
         rngs = {"rng": _encode(gen.get_state())}
         if self._split:
             rngs["sampler_rng"] = _encode(perm.get_state())
         return batches, rngs
+
+    def _order(self, perm: Any, epoch: int) -> list[int]:
+        """The indices the sampler yields in ``epoch``, drawing from ``perm`` as it would."""
+        import torch
+        from torch.utils.data import SubsetRandomSampler, WeightedRandomSampler
+
+        sampler, n = self.sampler, len(self.source)
+        if self.distributed:  # seeded by (seed, epoch): the sampler itself, at that epoch
+            at_epoch = copy.copy(sampler)
+            at_epoch.set_epoch(epoch)
+            return list(at_epoch)
+        if isinstance(sampler, WeightedRandomSampler):
+            draw = torch.multinomial(
+                sampler.weights, sampler.num_samples, sampler.replacement, generator=perm
+            )
+            return draw.tolist()
+        if isinstance(sampler, SubsetRandomSampler):
+            return [
+                sampler.indices[i] for i in torch.randperm(len(sampler.indices), generator=perm)
+            ]
+        if not self.shuffle:
+            return list(range(n))
+        if self._sampler_gen is None:  # RandomSampler seeds a fresh generator from the global RNG
+            seed = int(torch.empty((), dtype=torch.int64).random_(generator=perm).item())
+            return torch.randperm(n, generator=torch.Generator().manual_seed(seed)).tolist()
+        order = torch.randperm(n, generator=perm).tolist()
+        # RandomSampler.__iter__ ends with `randperm(n)[: num_samples % n]`, which still
+        # draws a full permutation when the epoch is exhausted (torch 2.13).
+        torch.randperm(n, generator=perm)
+        return order
 
     def _block(self) -> tuple[int, int]:
         if self.engine is None:
@@ -208,7 +302,7 @@ class TorchLoader:
 
     def _process_batches(self, batches: list[list[int]]) -> list[list[int]]:
         me, procs = self._block()
-        if procs == 1:
+        if procs == 1 or self.distributed:  # a DistributedSampler gave this process's share
             return batches
         steps = len(batches) // procs
         return [batches[k * procs + me] for k in range(steps)]
@@ -229,9 +323,9 @@ class TorchLoader:
 
     def __len__(self) -> int:
         """Steps per epoch."""
-        n, size = len(self.source), self.batch_size
+        n, size = len(self.sampler), self.batch_size
         per = n // size if self.drop_last else -(-n // size)
-        return per // self._block()[1]
+        return per if self.distributed else per // self._block()[1]
 
     # ------------------------------------------------------------------ iteration
     def _collate(self, indices: list[int]) -> Any:

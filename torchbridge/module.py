@@ -425,6 +425,49 @@ def environment() -> Any:
 
 
 # ----------------------------------------------------------------------------- calling
+def _refuse_autocast(name: str) -> None:
+    """Refuse a module run inside ``torch.autocast``, which would silently stay float32.
+
+    torch's autocast casts CPU and CUDA tensors only; the bridged module's tensors live on
+    JAX, so its matmuls would run in float32 while the script expects bf16 / fp16.
+    """
+    import torch
+
+    for device in ("cpu", "cuda"):
+        if torch.is_autocast_enabled(device):
+            raise UnsupportedError(
+                f"torchbridge: module '{name}' ran inside torch.autocast({device!r}, "
+                f"dtype={torch.get_autocast_dtype(device)}), which has no effect on the "
+                "bridged module (its tensors live on JAX): it would silently compute in "
+                "float32. Remove the autocast region; the module computes in the dtype of "
+                "its parameters and inputs, so cast explicitly (x.to(torch.bfloat16)) "
+                "where 16-bit compute is wanted."
+            )
+
+
+def _grad_scaler_refused(_scaler: Any, _outputs: Any) -> Any:
+    raise UnsupportedError(
+        "torchbridge: GradScaler.scale(loss) inside a bridged call would return the loss "
+        "times the scale (2**16 by default), and the step would differentiate that: "
+        "gradients that many times too large, never unscaled (no torch backward runs, and "
+        "scaler.step / update never see it). Return the plain loss and drop the "
+        "GradScaler; for float16 loss scaling use jc.Engine(precision='fp16')."
+    )
+
+
+@contextlib.contextmanager
+def _without_grad_scaler() -> Iterator[None]:
+    """Make ``GradScaler.scale`` raise while a bridged call runs (`_grad_scaler_refused`)."""
+    from torch.amp import GradScaler
+
+    original = GradScaler.scale
+    GradScaler.scale = _grad_scaler_refused
+    try:
+        yield
+    finally:
+        GradScaler.scale = original
+
+
 @contextlib.contextmanager
 def _module_stack(root: Any) -> Iterator[list[str]]:
     """Track which submodule is running (for error messages), with global forward hooks."""
@@ -435,6 +478,7 @@ def _module_stack(root: Any) -> Iterator[list[str]]:
 
     def pre(mod, _inputs):
         if id(mod) in names:
+            _refuse_autocast(names[id(mod)] or type(mod).__name__)
             stack.append(names[id(mod)])
 
     def post(mod, _inputs, _outputs):
@@ -580,6 +624,7 @@ class BoundModule:
             _quietly(),
             _mode(root, train, force=bridge.train is True),
             _keyed(env, rng),
+            _without_grad_scaler(),
             _module_stack(root) as stack,
         ):
             torch.backends.mha.set_fastpath_enabled(False)

@@ -17,10 +17,13 @@ AdamW      ``scale_by_adam``, ``add_decayed_weights(wd)`` (decoupled), ``scale(-
 =========  ==============================================================================
 
 Learning rates (and, for OneCycleLR, the momentum / ``beta1``) are injected per step with
-``optax.inject_hyperparams``. ``LambdaLR`` (what transformers' ``get_*_schedule_with_warmup``
-return) is evaluated ahead into a per-step table. A scheduler is read as stepped once per
-optimizer step (``scheduler.step()`` after each ``optimizer.step()``), the usual form;
-its closed form below matches torch's recursive one. Parameter groups map to
+``optax.inject_hyperparams``. ``ReduceLROnPlateau`` is no schedule: the loop's
+``scheduler.step(metric)`` changes ``group["lr"]``, which `torchbridge.prepare`'s steps
+feed to the next step like a manual change (`HostHyperparams`). ``LambdaLR`` (what
+transformers' ``get_*_schedule_with_warmup`` return) is evaluated ahead into a per-step
+table. A scheduler is read as stepped once per optimizer step (``scheduler.step()`` after
+each ``optimizer.step()``), the usual form; its closed form below matches torch's
+recursive one. Parameter groups map to
 ``optax.multi_transform`` labels by parameter identity.
 """
 
@@ -103,6 +106,17 @@ def _lambda_lr(scheduler: Any, group: int, offset: int, steps: int | None) -> Sc
     return lambda n: table[jnp.minimum(n, count - 1)]
 
 
+def host_driven(scheduler: Any) -> bool:
+    """Whether the scheduler sets ``group["lr"]`` from the loop's metric (ReduceLROnPlateau).
+
+    Its learning rate is no function of the step count: the loop's ``scheduler.step(metric)``
+    writes it into the parameter groups, and `HostHyperparams` feeds it to the next step.
+    """
+    from torch.optim.lr_scheduler import ReduceLROnPlateau
+
+    return isinstance(scheduler, ReduceLROnPlateau)
+
+
 def schedule_of(
     scheduler: Any, group: int, *, schedule_steps: int | None = None
 ) -> tuple[Schedule, Schedule | None]:
@@ -110,6 +124,13 @@ def schedule_of(
     from torch.optim import lr_scheduler as S
 
     kind = type(scheduler).__name__
+    if host_driven(scheduler):
+        raise UnsupportedError(
+            f"torchbridge: {kind} is not supported by to_optax alone: its learning rate "
+            "follows the loop's metric, not the step count. Pass it to torchbridge.prepare, "
+            "whose steps read group['lr'] as scheduler.step(metric) sets it, or give prepare "
+            "an optax optimizer chained with optax.contrib.reduce_on_plateau."
+        )
     supported = (S.StepLR, S.CosineAnnealingLR, S.LinearLR, S.OneCycleLR)
     if not (isinstance(scheduler, supported) or type(scheduler) is S.LambdaLR):
         raise UnsupportedError(
@@ -456,7 +477,9 @@ class HostHyperparams:
         # (set_to_none=False), so torch would still step a parameter that had one.
         self.keeps_grads = False
         self.scheduled: set[str] = set()
-        if scheduler is not None:
+        if scheduler is not None and scheduler.optimizer is not optimizer:
+            raise UnsupportedError("torchbridge: the scheduler belongs to a different optimizer.")
+        if scheduler is not None and not host_driven(scheduler):
             self.scheduled.add("learning_rate")
             if getattr(scheduler, "cycle_momentum", False):
                 self.scheduled |= {"momentum", "b1"}

@@ -611,6 +611,9 @@ class BoundModule:
             lambda a: jnp.asarray(a) if isinstance(a, np.ndarray | np.generic) else a,
             (args, kwargs),
         )
+        low = self._compute_dtype(flat_p)
+        if low is not None:  # the engine's bf16/fp16 policy cast the float32 weights
+            args, kwargs = _cast_floats((args, kwargs), jnp.float32, low)
         targs, tkwargs = env.j2t_iso((args, kwargs))
         train = (root.training if bridge.train is None else bridge.train) and rng is not None
         fastpath = torch.backends.mha.get_fastpath_enabled()
@@ -641,6 +644,8 @@ class BoundModule:
             finally:
                 torch.backends.mha.set_fastpath_enabled(fastpath)
                 _usage.stop(usage)
+        if low is not None:  # the loss is computed in float32, as torch's autocast does
+            out = _cast_floats(out, low, jnp.float32)
         # Keep each buffer's shape and dtype (torchax may return `x.add_(1)` on a 0-d
         # buffer as shape (1,)); the engine's step needs a fixed model_state structure.
         self._state = nest(
@@ -650,6 +655,27 @@ class BoundModule:
             }
         )
         return out
+
+    def _compute_dtype(self, flat_p: dict[str, Any]) -> Any:
+        """The 16-bit dtype a precision policy cast this module's float32 weights to, or
+        None (fp32, or weights that were 16-bit in torch already)."""
+        import torch
+
+        own = dict(self._bridge.module.named_parameters())
+        for name, value in flat_p.items():
+            low = value.dtype in (jnp.bfloat16, jnp.float16)
+            if low and name in own and own[name].dtype == torch.float32:
+                return value.dtype
+        return None
+
+
+def _cast_floats(tree: Any, src: Any, dst: Any) -> Any:
+    """``tree`` with its ``src``-dtype JAX arrays as ``dst``: a bf16 policy's inputs in,
+    outputs out. Inputs are cast as torch needs them (``model.to(bf16)`` takes bf16
+    inputs; a float32 one would promote every matmul back to float32, silently)."""
+    return jax.tree.map(
+        lambda a: a.astype(dst) if isinstance(a, jax.Array) and a.dtype == src else a, tree
+    )
 
 
 # ----------------------------------------------------------------------------- the adapter

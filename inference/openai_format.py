@@ -65,12 +65,22 @@ def completion_logprobs(
     return {
         "tokens": [piece(tok.token_bytes(e.token)) for e in part],
         "token_logprobs": [e.logprob for e in part],
-        "top_logprobs": [
-            None if e.top is None else {piece(tok.token_bytes(i)): lp for i, lp in e.top}
-            for e in part
-        ],
+        "top_logprobs": [_top_with_chosen(tok, e) for e in part],
         "text_offset": offsets[start:stop],
     }
+
+
+def _top_with_chosen(tok: Tokenizer, e: Entry) -> dict[str, float] | None:
+    """One position's ``top_logprobs``: the chosen token, then the top alternatives. OpenAI's
+    legacy API "always returns the logprob of the sampled token, so there may be up to
+    logprobs+1 elements", as vLLM does: ``logprobs=0`` gave ``{}`` and a sampled token
+    outside the top ``logprobs`` was missing from its own position."""
+    if e.top is None:
+        return None
+    top = {piece(tok.token_bytes(e.token)): e.logprob}
+    for i, lp in e.top:
+        top.setdefault(piece(tok.token_bytes(i)), lp)
+    return top
 
 
 def _chat_token(tok: Tokenizer, t: int, lp: float) -> dict[str, Any]:

@@ -154,9 +154,18 @@ class _Common(_Strict):
             )
 
     def stops(self) -> tuple[str, ...]:
+        """The stop strings, as many as sent: vLLM takes any number, and lm-eval's
+        ``generate_until`` sends a task's ``until`` list plus the EOS string (HumanEval's is
+        six), so OpenAI's cap of 4 failed whole evaluations."""
         stops = (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
-        if len(stops) > 4 or any(not s for s in stops):
-            raise APIError(400, "stop takes up to 4 non-empty strings.", param="stop")
+        for i, s in enumerate(stops):
+            if not s:
+                where = "stop" if isinstance(self.stop, str) else f"stop.{i}"
+                raise APIError(
+                    400,
+                    f"{where} is an empty string, which would match anywhere; drop it.",
+                    param=where,
+                )
         return stops
 
     def include_usage(self) -> bool:

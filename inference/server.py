@@ -171,6 +171,7 @@ class OpenAIServer:
             return error(APIError(400, str(exc), param=exc.param, code=exc.code))
 
         async def body_of(request: HTTPRequest) -> Any:
+            _check_json_content_type(request.headers.get("content-type"))
             raw = bytearray()
             async for chunk in request.stream():  # bounded even without Content-Length
                 raw += chunk
@@ -685,6 +686,22 @@ class _Guard:
             key = (_route_label(scope.get("path", "")), status["code"])
             counts = self.server.http_counts
             counts[key] = counts.get(key, 0) + 1
+
+
+def _check_json_content_type(header: str | None) -> None:
+    """A 400 unless the body is declared JSON, as vLLM answers: a body sent as
+    ``text/plain`` or a form (``curl -d`` without ``-H``) was parsed as JSON all the same,
+    so a client that did not mean to send JSON still got a completion."""
+    media = (header or "").split(";", 1)[0].strip().lower()
+    if media != "application/json":
+        got = f"Content-Type '{header}'" if header else "no Content-Type"
+        raise APIError(
+            400,
+            f"the request has {got}; only 'application/json' is accepted. Send the JSON body "
+            "with the header 'Content-Type: application/json' (curl: -H 'Content-Type: "
+            "application/json').",
+            code="unsupported_media_type",
+        )
 
 
 def _route_label(path: str) -> str:

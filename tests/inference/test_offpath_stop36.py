@@ -243,7 +243,7 @@ def test_the_server_answers_503_once_its_scheduler_stopped_instead_of_hanging(hf
     llm = LLM(str(folder), engine=ServingConfig(slots=1))
     server = BackgroundServer(create_app(llm, model_name="llama"))
     # Old servers queued the request on the dead scheduler: it waited out this timeout.
-    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=5)
+    client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=30)
     try:
 
         def broken() -> None:

@@ -29,8 +29,21 @@ from flax import nnx
 
 from jaxcore.errors import BatchError, ConfigError
 
-# The reference Transformer's per-layer (stacked) parameters.
-_STACKED = ("attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "w_gate", "w_up", "w_down")
+# The reference Transformer's per-layer (stacked) parameters (bq/bk/bv with qkv_bias).
+_STACKED = (
+    "attn_norm",
+    "wq",
+    "wk",
+    "wv",
+    "wo",
+    "mlp_norm",
+    "w_gate",
+    "w_up",
+    "w_down",
+    "bq",
+    "bk",
+    "bv",
+)
 
 
 class DistillPair(nnx.Module):
@@ -96,7 +109,9 @@ def kd_loss(
     t = jax.lax.stop_gradient(teacher_logits.astype(jnp.float32))
     log_p_t = jax.nn.log_softmax(t / temperature, axis=-1)
     log_p_s = jax.nn.log_softmax(s / temperature, axis=-1)
-    kl = jnp.sum(jnp.exp(log_p_t) * (log_p_t - log_p_s), axis=-1)
+    p_t = jnp.exp(log_p_t)
+    # 0 log 0 = 0: a token the teacher rules out (logit -inf) adds nothing, not NaN.
+    kl = jnp.sum(jnp.where(p_t > 0, p_t * (log_p_t - log_p_s), 0.0), axis=-1)
     ce = optax.softmax_cross_entropy_with_integer_labels(s, targets)
     weight = jnp.sum(mask)
     denom = jnp.maximum(weight, 1.0)

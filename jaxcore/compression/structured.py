@@ -228,13 +228,20 @@ def mask_structure(
     k = jnp.asarray(_keep_mask(structure.kv_heads, cfg.n_kv_heads))
     f = jnp.asarray(_keep_mask(structure.neurons, cfg.d_ff))
     out = dict(params)
-    out["wq"] = params["wq"] * h.reshape(L, 1, -1, 1)
-    out["wo"] = params["wo"] * h.reshape(L, -1, 1, 1)
-    out["wk"] = params["wk"] * k.reshape(L, 1, -1, 1)
-    out["wv"] = params["wv"] * k.reshape(L, 1, -1, 1)
-    out["w_gate"] = params["w_gate"] * f.reshape(L, 1, -1)
-    out["w_up"] = params["w_up"] * f.reshape(L, 1, -1)
-    out["w_down"] = params["w_down"] * f.reshape(L, -1, 1)
+    out["wq"] = _zero(params["wq"], h.reshape(L, 1, -1, 1))
+    out["wo"] = _zero(params["wo"], h.reshape(L, -1, 1, 1))
+    out["wk"] = _zero(params["wk"], k.reshape(L, 1, -1, 1))
+    out["wv"] = _zero(params["wv"], k.reshape(L, 1, -1, 1))
+    out["w_gate"] = _zero(params["w_gate"], f.reshape(L, 1, -1))
+    out["w_up"] = _zero(params["w_up"], f.reshape(L, 1, -1))
+    out["w_down"] = _zero(params["w_down"], f.reshape(L, -1, 1))
     for name, index in _biases(params, structure):
-        out[name] = params[name] * jnp.asarray(_keep_mask(index, params[name].shape[1]))[..., None]
+        keep = jnp.asarray(_keep_mask(index, params[name].shape[1]))[..., None]
+        out[name] = _zero(params[name], keep)
     return out
+
+
+def _zero(w: jax.Array, keep: jax.Array) -> jax.Array:
+    """``w`` with the units outside ``keep`` exactly zero (a NaN or inf weight too, which
+    ``w * 0`` would leave NaN; `shrink` drops those units whatever they hold)."""
+    return jnp.where(keep, w, jnp.zeros((), w.dtype))

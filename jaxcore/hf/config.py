@@ -37,7 +37,8 @@ def read_config(path: str | os.PathLike) -> dict[str, Any]:
     if not file.is_file():
         raise ConfigError(
             f"{path}: no config.json. Pass a Hugging Face model directory (what "
-            "save_pretrained writes: config.json + *.safetensors)."
+            "save_pretrained writes: config.json + *.safetensors). A jaxcore.hf.save or "
+            "`jaxcore export --hf` that failed midway leaves none: run it again."
         )
     return json.loads(file.read_text())
 

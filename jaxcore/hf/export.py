@@ -89,5 +89,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as e:
         print(f"jaxcore export: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # disk full, read-only, DIR under a file
+        print(
+            f"jaxcore export: {e}. Free space or pick a DIR you can write, then run it "
+            "again (a failed export leaves DIR without config.json: it never loads half-written).",
+            file=sys.stderr,
+        )
+        return 1
     print(f"wrote {out} (transformers.AutoModelForCausalLM.from_pretrained loads it)")
     return 0

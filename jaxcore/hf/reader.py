@@ -106,7 +106,14 @@ class CheckpointFiles:
         return self._open[file]
 
     def get_slice(self, name: str) -> Any:
-        return self._file(name).get_slice(name)
+        try:
+            return self._file(name).get_slice(name)
+        except SafetensorError as e:  # the index names a file that lacks the tensor
+            raise ConfigError(
+                f"{self.directory / self.weight_map[name]}: has no tensor {name}, but "
+                f"{INDEX_FILE} says it does ({e}). The index and the shards come from "
+                "different checkpoints: download the checkpoint again."
+            ) from e
 
     def close(self) -> None:
         for handle in self._open.values():

@@ -32,6 +32,7 @@ from jaxcore.models.transformer import TransformerConfig
 # safetensors' dtype codes for what native parameters hold.
 _CODES = {"float32": "F32", "bfloat16": "BF16", "float16": "F16", "float64": "F64"}
 DEFAULT_SHARD_BYTES = 5 * 2**30  # save_pretrained's default max_shard_size ("5GB")
+CONFIG_FILE = "config.json"
 _SHARD_GLOB = "model-[0-9][0-9][0-9][0-9][0-9]-of-[0-9][0-9][0-9][0-9][0-9].safetensors"
 
 
@@ -79,7 +80,9 @@ def save(
     ``dtype`` converts every tensor (e.g. ``"bfloat16"``); by default each keeps its own.
     Returns the directory. Every process must call it (sharded arrays are gathered).
     Weight files of an earlier save into ``directory`` (``model.safetensors``, the index,
-    ``model-*-of-*.safetensors``) are removed, so that no stale weights shadow these.
+    ``model-*-of-*.safetensors``) are removed, so that no stale weights shadow these; its
+    ``config.json`` goes first and the new one is written last, so a save that fails
+    midway leaves a directory that does not load (never old and new weights mixed).
     """
     directory = pathlib.Path(directory)
     size = layout.sizes(config)
@@ -121,7 +124,7 @@ def save(
 
     writer = jax.process_index() == 0
     if writer:
-        directory.mkdir(parents=True, exist_ok=True)
+        _begin(directory)
     cached: tuple[str, np.ndarray] | None = None
     for file_name, names in zip(file_names, files, strict=True):
         header, _ = _header(names, shapes, dtypes)
@@ -148,8 +151,27 @@ def save(
         if len(file_names) > 1:
             total = sum(math.prod(shapes[n]) * dtypes[n].itemsize for n in shapes)
             index = {"metadata": {"total_size": total}, "weight_map": where}
-            (directory / INDEX_FILE).write_text(json.dumps(index, indent=2))
+            _write_atomic(directory / INDEX_FILE, json.dumps(index, indent=2))
         kinds = {d.name for d in dtypes.values()}
         hf_config = config_to_hf(config, dtype=kinds.pop() if len(kinds) == 1 else "float32")
-        (directory / "config.json").write_text(json.dumps(hf_config, indent=2) + "\n")
+        _write_atomic(directory / CONFIG_FILE, json.dumps(hf_config, indent=2) + "\n")
     return directory
+
+
+def _begin(directory: pathlib.Path) -> None:
+    """Create ``directory`` and remove its ``config.json`` before any weight is written.
+
+    The new config is written last (`_write_atomic`), so it marks a complete save: a save
+    that fails or is killed midway (disk full, preempted) leaves a directory that neither
+    transformers nor `jaxcore.hf.load` loads, instead of new shards mixed with the earlier
+    save's, which the old index and config would load together.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / CONFIG_FILE).unlink(missing_ok=True)
+
+
+def _write_atomic(path: pathlib.Path, text: str) -> None:
+    """Write ``text`` to ``path`` whole or not at all (a sibling file, then a rename)."""
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(text)
+    os.replace(partial, path)

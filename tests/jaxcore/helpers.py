@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import jax
 import numpy as np
 import optax
@@ -76,3 +78,12 @@ def max_rel_diff(a, b) -> float:
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
         worst = max(worst, float(np.max(np.abs(x - y)) / max(np.max(np.abs(y)), 1e-12)))
     return worst
+
+
+def process_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie that nobody reaped counts as ended)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split()[2]
+    except FileNotFoundError:
+        return False
+    return state != "Z"

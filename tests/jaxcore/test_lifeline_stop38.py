@@ -10,16 +10,10 @@ import textwrap
 import time
 from pathlib import Path
 
+from tests.jaxcore.helpers import process_alive
+
 ROOT = Path(__file__).resolve().parents[2]
 RANK = Path(__file__).parent / "scripts" / "lifeline_rank_stop38.py"
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().split()[2]
-    except FileNotFoundError:
-        return False
-    return state != "Z"
 
 
 def _pids_when_ready(proc: subprocess.Popen, ranks: int) -> list[int]:
@@ -38,9 +32,9 @@ def _gone_after_kill(proc: subprocess.Popen, pids: list[int]) -> list[int]:
     proc.kill()
     proc.wait()
     deadline = time.monotonic() + 30
-    while any(_alive(p) for p in pids) and time.monotonic() < deadline:
+    while any(process_alive(p) for p in pids) and time.monotonic() < deadline:
         time.sleep(0.1)
-    left = [p for p in pids if _alive(p)]
+    left = [p for p in pids if process_alive(p)]
     for p in left:
         os.kill(p, signal.SIGKILL)
     return left

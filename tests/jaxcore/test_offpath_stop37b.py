@@ -11,17 +11,10 @@ from pathlib import Path
 import pytest
 
 from jaxcore.launch import run_group
+from tests.jaxcore.helpers import process_alive
 
 SCRIPT = Path(__file__).parent / "scripts" / "sleeper_stop37b.py"
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().split()[2]
-    except FileNotFoundError:
-        return False
-    return state != "Z"
 
 
 def _start(*script_args: str) -> tuple[subprocess.Popen, list[int], list[str]]:
@@ -48,7 +41,7 @@ def _start(*script_args: str) -> tuple[subprocess.Popen, list[int], list[str]]:
 def _finish(proc: subprocess.Popen, children: list[int]) -> tuple[int, list[int]]:
     proc.stdout.read()
     rc = proc.wait(timeout=30)
-    left = [c for c in children if _alive(c)]
+    left = [c for c in children if process_alive(c)]
     for c in left:
         os.kill(c, signal.SIGKILL)
     return rc, left

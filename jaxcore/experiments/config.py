@@ -128,7 +128,12 @@ class Param:
                     "linear range or a positive lower bound such as 1e-6.",
                 )
         if self.type == "int" and not (_is_int(self.minval) and _is_int(self.maxval)):
-            raise _err(f"{f}.minval/maxval", "an int range needs integer bounds.")
+            raise _err(
+                f"{f}.minval/maxval",
+                f"an int range needs integer bounds (got minval={self.minval!r}, "
+                f"maxval={self.maxval!r}); write whole numbers without a decimal point "
+                "(e.g. 1, not 1.0), or use type: double.",
+            )
         if self.count is not None and (not _is_int(self.count) or self.count < 1):
             raise _err(f"{f}.count", f"{self.count!r}: must be an integer >= 1.")
 
@@ -185,6 +190,10 @@ def _log_bounds(field: str, base: float, lo: float, hi: float) -> tuple[float, f
     """
     if not (math.isfinite(base) and base > 0 and base != 1):
         raise _err(f"{field}.base", f"{base!r}: a log base must be a positive number other than 1.")
+    if lo > hi:  # said in the exponents the user wrote, not as base ** exponent
+        raise _err(
+            f"{field}.minval", f"minval {lo} exceeds maxval {hi} (exponents of base {base})."
+        )
     try:
         return float(base) ** lo, float(base) ** hi
     except OverflowError:

@@ -19,7 +19,8 @@ Recovery is safe by construction:
 - Trial processes die with their loop (process group + parent-death signal, see
   `trial_executors`); a resumed loop also waits until no process of its trials is
   left before it launches any, so two copies of a trial never run and the concurrency
-  limit holds across the restart.
+  limit holds across the restart. A trial whose function returned while no loop watched
+  (its ``finished`` mark is in its directory) is recorded as ended, not run again.
 - The experiment records its loop (``owner``: host and pid); ``resume`` sees at once
   that a loop on this host is dead, instead of waiting for its heartbeat to go stale.
 - The final state is honest: ``FAILED`` when no trial finished (all errored, or the
@@ -49,7 +50,7 @@ from jaxcore.experiments.early_stopping import EarlyStopping
 from jaxcore.experiments.retention import apply_retention
 from jaxcore.experiments.searchers import Continue, Create, SearchMethod, Stop, make_searcher
 from jaxcore.experiments.store import EXPERIMENT_DONE, TERMINAL, Store, now, safe_url
-from jaxcore.experiments.trial_context import trial_dir
+from jaxcore.experiments.trial_context import FINISHED_MARK, trial_dir
 from jaxcore.experiments.trial_executors import (
     InlineTrialExecutor,
     SubprocessTrialExecutor,
@@ -66,6 +67,7 @@ STALE_S = 10.0  # a loop on another host that has not beaten for this long is go
 STRAGGLER_WAIT_S = 10.0  # how long a resumed loop waits for a dead loop's trials to exit
 WORKDIR_MARK = ".jaxcore-store.json"
 OK_STATES = ("COMPLETED", "STOPPED")
+SEARCH_KEYS = ("hyperparameters", "searcher", "early_stopping")  # fixed for a resume
 
 
 def loop_owner() -> str:
@@ -200,6 +202,7 @@ class ExperimentLoop:
         self.channel = _InlineChannel(self)
         self.stop_requested: set[int] = set()
         self.pending: collections.deque[int] = collections.deque()
+        self.exits: list[tuple[int, int]] = []  # found on resume, before any poll
         self.policies: dict[int, EarlyStopping] = {}
         self.last_metric_id = 0
         self.last_ckpt_id = 0
@@ -259,6 +262,16 @@ class ExperimentLoop:
                 f"experiment {self.exp_id} is run by a live loop ({exp['owner']}); "
                 "pause, resume or cancel it through the store instead of starting another."
             )
+        changed = changed_search(exp["config"], self.config)
+        if changed:
+            raise ConfigError(
+                f"experiment {self.exp_id} cannot resume with a different search: "
+                + "; ".join(changed)
+                + ". Its searcher state and results belong to the search it was created "
+                "with; resume it with that config (`jaxcore experiment resume "
+                f"{self.exp_id}` uses the stored one), or start a new experiment for the "
+                "new search."
+            )
         if not self.store.claim_experiment(self.exp_id, self.owner, exp["owner"]):
             raise ConfigError(f"experiment {self.exp_id}: another loop claimed it just now.")
         snap = _load_snapshot(exp["searcher_state"])
@@ -273,7 +286,9 @@ class ExperimentLoop:
         trials = self.store.trials(self.exp_id)
         self._wait_for_stragglers({t["id"] for t in trials})
         for t in trials:
-            if t["state"] in ("RUNNING", "PENDING", "PAUSED"):
+            if t["state"] == "RUNNING" and self._finished_mark(t["id"]).exists():
+                self.exits.append((t["id"], 0))  # ended while no loop watched: no rerun
+            elif t["state"] in ("RUNNING", "PENDING", "PAUSED"):
                 self.store.update_trial(t["id"], state="PENDING", pid=None, host=None)
                 self.pending.append(t["id"])
             if t["stop_requested"]:
@@ -414,6 +429,9 @@ class ExperimentLoop:
             )
             self._handle(self.searcher.errored(trial_id))
             return
+        if trial_id not in self.stop_requested and not self._reported(trial_id):
+            self._errored_unreported(trial_id)
+            return
         stopped = trial_id in self.stop_requested and row["steps_done"] < row["max_length"]
         self.store.update_trial(
             trial_id,
@@ -423,6 +441,32 @@ class ExperimentLoop:
             pid=None,
         )
         self._handle(self.searcher.exited(trial_id))
+
+    def _reported(self, trial_id: int) -> bool:
+        """Whether the trial ever reported the searcher metric (in any of its processes)."""
+        return any(
+            self.config.searcher.metric in m["values"]
+            for m in self.store.metrics(trial_id, kind="validation")
+        )
+
+    def _errored_unreported(self, trial_id: int) -> None:
+        """A trial that ended cleanly without reporting the searcher metric gave the search
+        nothing: it is ERRORED (not COMPLETED, which would let an experiment of such trials
+        end COMPLETED with no result), without restarts, which would end the same way."""
+        metric = self.config.searcher.metric
+        reason = (
+            f"trial {trial_id} exited without reporting the searcher metric {metric!r}: "
+            f"report it with ctx.report(step, {{{metric!r}: value}}) (a return value is "
+            "not the objective); marked errored"
+        )
+        log.error("%s", reason)
+        with contextlib.suppress(OSError):  # the record in the store is what counts
+            path = self.log_path(trial_id)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "a") as f:
+                f.write(f"jaxcore: {reason}\n")
+        self.store.update_trial(trial_id, state="ERRORED", exit_code=0, ended=now(), pid=None)
+        self._handle(self.searcher.errored(trial_id))
 
     def _poll_store(self) -> None:
         """Feed new reports to the searcher, each exactly once.
@@ -485,6 +529,7 @@ class ExperimentLoop:
             # No pid while starting: the new process must not mistake an old one's for
             # a live owner (see StoreChannel); it is recorded once the process exists.
             self.store.update_trial(trial_id, state="RUNNING", pid=None, host=None)
+            self._finished_mark(trial_id).unlink(missing_ok=True)  # an earlier launch's
             env = {
                 **os.environ,
                 **self.config.environment,
@@ -496,6 +541,9 @@ class ExperimentLoop:
                 self.store.update_trial(trial_id, pid=pid, host=socket.gethostname())
             if self.executor.inline:
                 break
+
+    def _finished_mark(self, trial_id: int) -> pathlib.Path:
+        return trial_dir(self.experiment, trial_id) / FINISHED_MARK
 
     def log_path(self, trial_id: int) -> pathlib.Path:
         return trial_dir(self.experiment, trial_id) / "logs.txt"
@@ -538,7 +586,8 @@ class ExperimentLoop:
         """Ended trials and new reports to the searcher, as one transaction with the
         snapshot of the state they lead to (see the module docstring)."""
         with self._transaction():
-            for trial_id, code in self.executor.poll():
+            exits, self.exits = [*self.exits, *self.executor.poll()], []
+            for trial_id, code in exits:
                 self._signalled.pop(trial_id, None)
                 self._poll_store()  # the trial's last reports come before its exit
                 self._on_exit(trial_id, code)
@@ -631,6 +680,33 @@ def steps_trained(store: Store, exp_id: int) -> int:
 
 def _raw(config: ExperimentConfig) -> dict[str, Any]:
     return to_dict(config)
+
+
+def changed_search(stored: dict[str, Any], config: ExperimentConfig) -> list[str]:
+    """``"field: old -> new"`` for each part of the search (the searched hyperparameters,
+    the searcher, early stopping) that ``config`` changes from the experiment's stored
+    config.
+
+    A resumed loop reuses the snapshot of the searcher built from the stored config and
+    the results ranked by it; a different space, metric or direction would be mixed
+    into them silently, so `ExperimentLoop` refuses it. Constants are not searched and
+    may change (``jaxcore run`` passes a measured ``peak_flops``).
+    """
+    old, new = _search(to_dict(parse_config(stored))), _search(to_dict(config))
+    return [d for key in SEARCH_KEYS for d in _differences(key, old[key], new[key])]
+
+
+def _search(raw: dict[str, Any]) -> dict[str, Any]:
+    """The parts of a config dict a resume must keep (a const is a plain value there)."""
+    space = {k: v for k, v in raw["hyperparameters"].items() if isinstance(v, dict)}
+    return {**raw, "hyperparameters": space}
+
+
+def _differences(path: str, old: Any, new: Any) -> list[str]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        keys = sorted(set(old) | set(new), key=str)
+        return [d for k in keys for d in _differences(f"{path}.{k}", old.get(k), new.get(k))]
+    return [] if old == new else [f"{path}: {old!r} -> {new!r}"]
 
 
 def _snapshot(state: dict[str, Any]) -> bytes | None:

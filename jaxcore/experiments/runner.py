@@ -19,6 +19,8 @@ from typing import Any
 
 from jaxcore.errors import ConfigError
 
+log = logging.getLogger(__name__)
+
 
 def load_entrypoint(spec: str) -> Any:
     """``module:attr`` or ``path/to/file.py:attr`` -> the function or `Trial` class."""
@@ -84,11 +86,26 @@ def check_entrypoint(spec: str) -> Any:
 
 
 def call_entrypoint(fn: Any, ctx: Any) -> Any:
+    """Run the trial and mark it finished when it returns (or exits with status 0); a
+    value it returns is logged, since the search never sees it."""
     from jaxcore.experiments.trial_context import Trial
 
-    if inspect.isclass(fn) and issubclass(fn, Trial):
-        return fn(ctx).run()
-    return fn(ctx)
+    try:
+        result = fn(ctx).run() if inspect.isclass(fn) and issubclass(fn, Trial) else fn(ctx)
+    except SystemExit as e:
+        if e.code in (0, None):
+            ctx.mark_finished()
+        raise
+    ctx.mark_finished()
+    if result is not None:
+        log.warning(
+            "trial %d: the trial function returned %r, which the search ignores; report "
+            "the objective with ctx.report(step, {%r: value})",
+            ctx.trial_id,
+            result,
+            ctx.searcher_metric,
+        )
+    return result
 
 
 def run_trial(db_url: str, trial_id: int) -> None:

@@ -29,6 +29,7 @@ for a trial that restores by other means.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -48,6 +49,7 @@ log = logging.getLogger(__name__)
 
 ACK_TIMEOUT_S = 600.0
 SUPERSEDED = 76  # exit status of a trial process that finds another copy owns its trial
+FINISHED_MARK = "finished"  # in the trial dir: its latest launch returned cleanly
 
 
 class Channel(Protocol):
@@ -343,6 +345,12 @@ class TrialContext:
         the trial's own values back, so its hyperparameters win over the checkpoint's.
         """
         return state.replace(opt_state=apply_hyperparams(state.opt_state, optimizer, state.params))
+
+    def mark_finished(self) -> None:
+        """Record that the trial function returned: a loop that dies before it sees this
+        process exit then ends the trial on resume instead of running it again."""
+        with contextlib.suppress(OSError):  # best effort: without it a resume reruns it
+            (self.trial_dir / FINISHED_MARK).write_text(f"{os.getpid()}\n")
 
     def close(self) -> None:
         if self._checkpointer is not None:

@@ -10,6 +10,7 @@ every searcher a small pure-Python state machine, testable without processes.
 from __future__ import annotations
 
 import dataclasses
+import math
 import random
 from typing import Any
 
@@ -63,7 +64,14 @@ class SearchMethod:
         return {p.name: p.sample(self.rng) for p in self.config.hyperparameters}
 
     def value(self, metric: float) -> float:
-        """Sign-normalised metric: smaller is always better inside searchers."""
+        """Sign-normalised metric: smaller is always better inside searchers.
+
+        A non-finite metric (a diverged trial's NaN or inf) ranks last: NaN compares
+        false with everything, so it would otherwise sort first and be promoted (ASHA)
+        or cloned (PBT) ahead of trials with real results.
+        """
+        if not math.isfinite(metric):
+            return math.inf
         return metric if self.searcher.smaller_is_better else -metric
 
     # ----------------------------------------------------------------- hooks

@@ -87,7 +87,7 @@ class BayesianSearch(SearchMethod):
         self.told.add(trial_id)
         trial = self.ot[trial_id]
         value = self.last.get(trial_id)
-        if failed or value is None or math.isnan(value):
+        if failed or value is None or not math.isfinite(value):  # diverged: no value
             self.study.tell(trial, state=optuna.trial.TrialState.FAIL)
         elif trial_id in self.pruned:
             self.study.tell(trial, state=optuna.trial.TrialState.PRUNED)

@@ -427,8 +427,11 @@ class Scheduler:
             request._notify()
 
     def _key(self, params: SamplingParams) -> np.ndarray:
+        """The request's key data: both 32-bit words of its seed (modulo 2**64), so seeds
+        that differ past the low 32 bits (2**32 and 0) draw different tokens."""
         seed = params.seed if params.seed is not None else int(self._seeds.integers(0, 2**32))
-        return np.asarray([0, seed & 0xFFFFFFFF], np.uint32)
+        seed %= 2**64
+        return np.asarray([seed >> 32, seed & 0xFFFFFFFF], np.uint32)
 
     def _admit(self, slot: int, r: Request) -> bool:
         """Dispatch ``r``'s prefill into ``slot``; False when the paged cache lacks pages."""

@@ -8,9 +8,9 @@ output, which is exact for per-output-channel scales: ``x @ (q * s) == (x @ q) *
 The activation-aware option follows SmoothQuant (Xiao et al. 2023, eq. 4): per input
 channel ``s_j = max|X_j|^alpha / max|W_j|^(1 - alpha)``, weights rows multiplied by ``s``
 and the inverse folded into the op that produces ``X`` (the RMSNorm scale for the q/k/v,
-gate/up and output projections, the value projection for the attention output, the up
-projection for the down projection), so the float model is unchanged and only the
-rounding error moves. ``max|X_j|`` comes from a few calibration batches.
+gate/up and output projections, the value projection (and its bias) for the attention
+output, the up projection for the down projection), so the float model is unchanged and
+only the rounding error moves. ``max|X_j|`` comes from a few calibration batches.
 """
 
 from __future__ import annotations
@@ -137,6 +137,8 @@ def smooth_weights(
     b["wq"] = wq * s_attn[:, :, None, None]
     b["wk"] = wk * s_attn[:, :, None, None]
     b["wv"] = wv * s_attn[:, :, None, None] / s_o[:, None, :, :]
+    if "bv" in b:  # Qwen2's value bias is part of the value projection's output channel
+        b["bv"] = b["bv"] / s_o
     b["wo"] = wo * jnp.repeat(s_o, group, axis=1)[..., None]
     b["mlp_norm"] = b["mlp_norm"] / s_mlp
     b["w_gate"] = b["w_gate"] * s_mlp[:, :, None]

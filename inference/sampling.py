@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import numbers
 
 import jax
 import jax.numpy as jnp
@@ -49,7 +50,8 @@ class SamplingParams:
             already in the prompt or the output (CTRL / vLLM; 1 = off).
         presence_penalty: subtracted once from the logit of each token already generated.
         frequency_penalty: subtracted per occurrence from generated tokens' logits.
-        seed: seed of this request's key (``None``: drawn from the engine's seed).
+        seed: seed of this request's key, any integer (taken modulo 2**64; ``None``:
+            drawn from the engine's seed).
         logprobs: number of top alternatives to report per token (``None``: none;
             0: only the chosen token's log-probability).
         prompt_logprobs: score the prompt tokens too, with this many alternatives each
@@ -112,6 +114,13 @@ class SamplingParams:
                 raise jc.ConfigError(
                     f"SamplingParams.{name}={getattr(self, name)!r}: must be in [-2, 2]."
                 )
+        if self.seed is not None:  # a float failed inside the scheduler's step (TypeError)
+            if isinstance(self.seed, bool) or not isinstance(self.seed, numbers.Integral):
+                raise jc.ConfigError(
+                    f"SamplingParams.seed={self.seed!r}: must be an integer, or None for a "
+                    "seed drawn from the engine's."
+                )
+            object.__setattr__(self, "seed", int(self.seed))
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))

@@ -27,6 +27,7 @@ from jaxcore.models.decoding import (
     _finish_block,
     _logits,
     _project_qkv,
+    _step_inputs,
     embed_tokens,
     over_layers,
     plain_matmul,
@@ -109,19 +110,17 @@ def paged_decode_step(
 
     Inactive rows write nothing (their stale tables may name pages now owned by others).
     """
-    batch = tokens.shape[0]
     pos = cache.lengths
     if active is None:
-        active = jnp.ones((batch,), bool)
+        active = jnp.ones((tokens.shape[0],), bool)
     ps = cache.page_size
-    rows = jnp.arange(batch)
-    in_range = pos < cache.max_len
+    # The contiguous step's inputs: rotary tables with the model's rope scaling (Llama 3)
+    # and its sliding-window mask (Mistral); both were missing here, so such checkpoints
+    # generated other tokens on pages than on the contiguous cache and in transformers.
+    x, cos, sin, kv_len, rows, window_mask = _step_inputs(cfg, weights, tokens, pos, cache.max_len)
     page = cache.tables[rows, jnp.minimum(pos, cache.max_len - 1) // ps]
     offset = pos % ps
-    keep = active & in_range
-    cos, sin = rope_tables(pos[:, None], cfg.head_size, cfg.rope_theta)
-    x = embed_tokens(weights["embed"], tokens[:, None])
-    kv_len = jnp.minimum(pos + 1, cache.max_len)
+    keep = active & (pos < cache.max_len)
 
     def body(carry, layer):
         x, k_all, v_all = carry
@@ -131,7 +130,7 @@ def paged_decode_step(
         v_all = _write(v_all, index, page, offset, v[:, 0], keep)
         k_l = gather_pages(k_all[index], cache.tables).astype(q.dtype)
         v_l = gather_pages(v_all[index], cache.tables).astype(q.dtype)
-        attn = _attend(q, k_l, v_l, key_value_seq_lengths=kv_len)
+        attn = _attend(q, k_l, v_l, key_value_seq_lengths=kv_len, mask=window_mask)
         return (_finish_block(cfg, p, x, attn, matmul), k_all, v_all), None
 
     (x, k_all, v_all), _ = over_layers(body, (x, cache.k, cache.v), weights["blocks"])
@@ -163,12 +162,15 @@ def paged_extend(
     page = cache.tables[row, jnp.minimum(positions, cache.max_len - 1) // ps]
     offset = positions % ps
     keep = real & (positions < cache.max_len)
-    cos, sin = rope_tables(positions[None, :], cfg.head_size, cfg.rope_theta)
+    cos, sin = rope_tables(positions[None, :], cfg.head_size, cfg.rope_theta, cfg.rope_scaling)
     x = embed_tokens(weights["embed"], tokens[None, :])
     table = cache.tables[row][None]
-    # Query t sees key j when j <= start + t (causal) and j holds a real position.
-    keys = jnp.arange(cache.max_len)
-    mask = (keys[None, :] <= positions[:, None]) & (keys[None, :] < start + length)
+    # Query t sees key j when j <= start + t (causal), j holds a real position and, with a
+    # sliding window, j is one of the last ``sliding_window`` positions (itself included).
+    keys = jnp.arange(cache.max_len)[None, :]
+    mask = (keys <= positions[:, None]) & (keys < start + length)
+    if cfg.sliding_window is not None:
+        mask = mask & (keys > positions[:, None] - cfg.sliding_window)
 
     def body(carry, layer):
         x, k_all, v_all = carry

@@ -14,6 +14,7 @@ straight into the training layout instead.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import pathlib
 from typing import Any
@@ -29,6 +30,8 @@ from jaxcore.errors import ConfigError
 from jaxcore.hf import layout
 from jaxcore.hf.config import config_from_hf, read_config
 from jaxcore.models.transformer import Transformer, TransformerConfig
+
+log = logging.getLogger(__name__)
 
 INDEX_FILE = "model.safetensors.index.json"
 SINGLE_FILE = "model.safetensors"
@@ -122,10 +125,14 @@ class CheckpointFiles:
 
 
 def _check_tensors(cfg: TransformerConfig, files: CheckpointFiles) -> None:
+    """Every tensor the config needs is there with its shape (else a `ConfigError`); the
+    ones it does not use are named in a warning, as transformers does, since a bias or
+    layer the config does not declare is dropped from the model."""
     size = layout.sizes(cfg)
-    wrong, missing = [], []
+    wrong, missing, used = [], [], set()
     for m in layout.tensor_maps(cfg):
         names = [m.hf_name(i) for i in range(cfg.n_layers)] if m.stacked else [m.hf_name()]
+        used.update(names)
         for name in names:
             if name not in files.weight_map:
                 missing.append(name)
@@ -138,6 +145,23 @@ def _check_tensors(cfg: TransformerConfig, files: CheckpointFiles) -> None:
             f"{files.directory}: the checkpoint does not match its config.json: missing "
             f"{missing[:4]}{' ...' if len(missing) > 4 else ''}, wrong shapes {wrong[:4]}."
         )
+    unused = sorted(n for n in files.weight_map if n not in used and not _skipped(n, cfg))
+    if unused:
+        log.warning(
+            "%s: %d tensors in the checkpoint are not used by this config (%s%s); they are "
+            "not loaded. If the model needs them, its config.json is missing the setting "
+            "that declares them (e.g. attention_bias).",
+            files.directory,
+            len(unused),
+            ", ".join(unused[:4]),
+            " ..." if len(unused) > 4 else "",
+        )
+
+
+def _skipped(name: str, cfg: TransformerConfig) -> bool:
+    """Tensors every loader skips: rotary tables older exports saved, and the output
+    projection of a tied model (some exports write it beside the embedding)."""
+    return name.endswith("rotary_emb.inv_freq") or (cfg.tie_embeddings and name == "lm_head.weight")
 
 
 def read_slice(

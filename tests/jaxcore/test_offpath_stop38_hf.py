@@ -336,3 +336,19 @@ def test_pruning_two_parameter_groups_prunes_each_layer_of_both():
         state, _ = step(state, batch)
     report = cz.sparsity_report(state.params)
     assert report == {name: [0.5, 0.5] for name in report} and "w_up" in report
+
+
+def test_tensors_the_config_does_not_use_are_named_in_a_warning(tmp_path, caplog):
+    """A Llama checkpoint holding q_proj biases its config does not declare loads without
+    them (as transformers does) but says so, instead of dropping them silently; the
+    tensors every loader skips (rotary inv_freq) are not named."""
+    _model(transformers.LlamaConfig).save_pretrained(tmp_path)
+    tensors = load_file(tmp_path / "model.safetensors")
+    tensors["model.layers.0.self_attn.q_proj.bias"] = torch.ones(32)
+    tensors["model.layers.0.self_attn.rotary_emb.inv_freq"] = torch.ones(4)
+    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with caplog.at_level("WARNING", logger="jaxcore.hf.reader"):
+        hf.load(tmp_path)
+    text = caplog.text
+    assert "not used by this config" in text and "q_proj.bias" in text, text
+    assert "inv_freq" not in text

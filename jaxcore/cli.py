@@ -11,7 +11,7 @@ import sys
 
 # subcommand -> (module with main(argv) -> int, what it does)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "demo": ("jaxcore.demo", "train the reference model on the stdlib's source (make demo)"),
+    "demo": ("jaxcore.demo", "make demo: jaxcore run configs/demo.yaml, data to serving"),
     "run": ("jaxcore.run.cli", "one config: curate, tokenize, train, search, register, serve"),
     "launch": ("jaxcore.launch", "start N local processes wired together, or print Slurm/TPU"),
     "data": ("data.cli", "build, diff and inspect curated code datasets"),
@@ -33,8 +33,24 @@ TRAINING_SUBCOMMANDS = frozenset({"demo", "run", "train", "rlhf"})
 def _usage() -> str:
     lines = ["usage: jaxcore COMMAND [ARGS...]", "", "commands:"]
     lines += [f"  {name:<12}{help_}" for name, (_, help_) in SUBCOMMANDS.items()]
-    lines += ["", "Run 'jaxcore COMMAND --help' for a command's options."]
+    lines += ["", "Run 'jaxcore COMMAND --help' for a command's options; --version for versions."]
     return "\n".join(lines)
+
+
+def _versions() -> str:
+    """jaxcore's version and the stack's (what a bug report needs), without importing JAX:
+    the installed distributions' metadata."""
+    from importlib import metadata
+
+    from jaxcore import __version__
+
+    parts = [f"jaxcore {__version__}"]
+    for dist in ("jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "torch"):
+        try:
+            parts.append(f"{dist} {metadata.version(dist)}")
+        except metadata.PackageNotFoundError:
+            parts.append(f"{dist} (not installed)")
+    return ", ".join(parts) + f"; python {sys.version.split()[0]}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -44,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())
         return 0 if argv else 2
+    if argv[0] in ("-V", "--version"):
+        print(_versions())
+        return 0
     name, rest = argv[0], argv[1:]
     if name not in SUBCOMMANDS:
         print(f"jaxcore: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)

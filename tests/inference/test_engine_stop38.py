@@ -19,22 +19,14 @@ import pytest
 import jaxcore as jc
 from inference import LLM, SamplingParams, ServingConfig
 from inference.batching import run_to_completion
+from tests.jaxcore import hf_models
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 MAX_LEN = 32
 PAGE = 8
-COMMON = dict(
-    vocab_size=256,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=64,
-    rms_norm_eps=1e-5,
-)
+COMMON = {**hf_models.COMMON, "max_position_embeddings": 64}
 LLAMA3_ROPE = {
     "rope_type": "llama3",
     "rope_theta": 500_000.0,

@@ -24,7 +24,8 @@ Recovery is safe by construction:
 - The experiment records its loop (``owner``: host and pid); ``resume`` sees at once
   that a loop on this host is dead, instead of waiting for its heartbeat to go stale.
 - The final state is honest: ``FAILED`` when no trial finished (all errored, or the
-  searcher made none), ``CANCELED`` when killed, else ``COMPLETED``.
+  searcher made none) or none reported a finite metric (all diverged), ``CANCELED`` when
+  killed, else ``COMPLETED``.
 """
 
 from __future__ import annotations
@@ -636,7 +637,8 @@ class ExperimentLoop:
 
     def _outcome(self) -> str:
         """CANCELED when killed; FAILED when no trial finished (all errored, or the
-        searcher could not make any); else COMPLETED."""
+        searcher could not make any) or none reported a finite metric (all diverged); else
+        COMPLETED."""
         exp = self.store.experiment(self.exp_id)
         if exp["state"] in ("CANCELED", "KILLED"):
             return "CANCELED"
@@ -649,6 +651,15 @@ class ExperimentLoop:
                 f"all {errored} trials errored (see 'jaxcore trial logs ID')"
                 if errored
                 else "the searcher created no trial that finished",
+            )
+            return "FAILED"
+        if self.best is None:  # trials ended, but not one gave the search a result
+            log.error(
+                "experiment %d FAILED: no trial reported a finite %r (every value was NaN "
+                "or infinite: the runs diverged); lower the learning rate or check the loss, "
+                "then run a new experiment",
+                self.exp_id,
+                self.config.searcher.metric,
             )
             return "FAILED"
         return "COMPLETED"

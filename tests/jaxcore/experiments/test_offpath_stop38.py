@@ -42,6 +42,10 @@ def exit_zero(ctx):
     sys.exit(0)
 
 
+def report_nan(ctx):
+    ctx.report(1, {"loss": float("nan")})  # a run that diverged
+
+
 def interrupted_once(ctx):
     """Reports ``x``; trial 2's first run interrupts the loop (Ctrl-C) before reporting."""
     marker = pathlib.Path(ctx.config["workdir"]) / "interrupted"
@@ -419,3 +423,20 @@ def test_a_trial_that_finished_while_its_loop_died_is_not_run_again(tmp_path):
             loop.kill()
     # Trial 1 ran once to its end; it used to be launched again from its last checkpoint.
     assert sorted((workdir / "returned.log").read_text().split()) == ["1", "2"]
+
+
+def test_an_experiment_whose_every_trial_diverged_ends_failed(tmp_path, caplog):
+    """Every trial reported only NaN: no result, so FAILED and exit 1 (it ended COMPLETED,
+    exit 0, best null, as if the search had found something)."""
+    raw = _raw(tmp_path, "report_nan", {"name": "random", "max_trials": 2})
+    path = tmp_path / "x.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    assert main(["experiment", "create", str(path), "--executor", "inline", "--quiet"]) == 1
+    store = Store(parse_config(raw).database_url)
+    try:
+        (exp,) = store.experiments()
+        assert exp["state"] == "FAILED" and exp["best_metric"] is None
+        assert [t["state"] for t in store.trials(exp["id"])] == ["COMPLETED", "COMPLETED"]
+    finally:
+        store.close()
+    assert "no trial reported a finite 'loss'" in caplog.text

@@ -27,14 +27,7 @@ transformers = pytest.importorskip("transformers")
 MAX_LEN = 32
 PAGE = 8
 COMMON = {**hf_models.COMMON, "max_position_embeddings": 64}
-LLAMA3_ROPE = {
-    "rope_type": "llama3",
-    "rope_theta": 500_000.0,
-    "factor": 8.0,
-    "low_freq_factor": 1.0,
-    "high_freq_factor": 4.0,
-    "original_max_position_embeddings": 16,
-}
+LLAMA3_ROPE = hf_models.LLAMA3_ROPE
 CONFIGS = {
     "llama-tied": lambda: transformers.LlamaConfig(**COMMON, tie_word_embeddings=True),
     "llama-untied": lambda: transformers.LlamaConfig(**COMMON, tie_word_embeddings=False),

@@ -19,19 +19,19 @@ COMMON = dict(
     rms_norm_eps=1e-5,
 )
 
+LLAMA3_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 500_000.0,
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 16,
+}
+
 # Each family with the switches that make it differ from plain Llama.
 CONFIGS = {
     "llama": lambda: transformers.LlamaConfig(
-        **COMMON,
-        tie_word_embeddings=True,
-        rope_parameters={
-            "rope_type": "llama3",
-            "rope_theta": 500_000.0,
-            "factor": 8.0,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": 16,
-        },
+        **COMMON, tie_word_embeddings=True, rope_parameters=LLAMA3_ROPE
     ),
     "mistral": lambda: transformers.MistralConfig(
         **COMMON, sliding_window=5, rope_parameters={"rope_type": "default", "rope_theta": 1e6}

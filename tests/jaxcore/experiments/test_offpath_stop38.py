@@ -177,22 +177,28 @@ def test_bayesian_does_not_tell_optuna_an_infinite_value(tmp_path):
 
 
 # ------------------------------------------------------------------ never reported
-@pytest.mark.parametrize("fn", ["return_nan", "return_label", "return_nothing", "exit_zero"])
-def test_a_trial_that_never_reports_the_metric_is_errored(tmp_path, capsys, fn):
-    raw = _raw(tmp_path, fn, {"name": "random", "max_trials": 2}, max_restarts=3)
+def _create_inline(tmp_path, raw: dict) -> tuple[int, dict, list[dict]]:
+    """``jaxcore experiment create`` of ``raw`` with inline trials: (exit code, the
+    experiment row, its trial rows)."""
     path = tmp_path / "x.yaml"
     path.write_text(yaml.safe_dump(raw))
-    # It used to end COMPLETED (exit 0) with no best trial and no metric at all.
-    assert main(["experiment", "create", str(path), "--executor", "inline", "--quiet"]) == 1
+    code = main(["experiment", "create", str(path), "--executor", "inline", "--quiet"])
     store = Store(parse_config(raw).database_url)
     try:
         (exp,) = store.experiments()
-        assert exp["state"] == "FAILED"
-        trials = store.trials(exp["id"])
-        assert [t["state"] for t in trials] == ["ERRORED", "ERRORED"]
-        assert [t["restarts"] for t in trials] == [0, 0]  # a rerun would end the same way
+        return code, exp, store.trials(exp["id"])
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("fn", ["return_nan", "return_label", "return_nothing", "exit_zero"])
+def test_a_trial_that_never_reports_the_metric_is_errored(tmp_path, capsys, fn):
+    raw = _raw(tmp_path, fn, {"name": "random", "max_trials": 2}, max_restarts=3)
+    # It used to end COMPLETED (exit 0) with no best trial and no metric at all.
+    code, exp, trials = _create_inline(tmp_path, raw)
+    assert code == 1 and exp["state"] == "FAILED"
+    assert [t["state"] for t in trials] == ["ERRORED", "ERRORED"]
+    assert [t["restarts"] for t in trials] == [0, 0]  # a rerun would end the same way
     assert capsys.readouterr().out.endswith('"best_metric": null, "steps": 0}\n')
     log = next((tmp_path / "work").glob("*/trial-1/logs.txt")).read_text()
     assert "without reporting the searcher metric 'loss'" in log
@@ -429,14 +435,7 @@ def test_an_experiment_whose_every_trial_diverged_ends_failed(tmp_path, caplog):
     """Every trial reported only NaN: no result, so FAILED and exit 1 (it ended COMPLETED,
     exit 0, best null, as if the search had found something)."""
     raw = _raw(tmp_path, "report_nan", {"name": "random", "max_trials": 2})
-    path = tmp_path / "x.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    assert main(["experiment", "create", str(path), "--executor", "inline", "--quiet"]) == 1
-    store = Store(parse_config(raw).database_url)
-    try:
-        (exp,) = store.experiments()
-        assert exp["state"] == "FAILED" and exp["best_metric"] is None
-        assert [t["state"] for t in store.trials(exp["id"])] == ["COMPLETED", "COMPLETED"]
-    finally:
-        store.close()
+    code, exp, trials = _create_inline(tmp_path, raw)
+    assert code == 1 and exp["state"] == "FAILED" and exp["best_metric"] is None
+    assert [t["state"] for t in trials] == ["COMPLETED", "COMPLETED"]
     assert "no trial reported a finite 'loss'" in caplog.text

@@ -441,6 +441,11 @@ class ExperimentConfig:
         searcher: `SearcherConfig`.
         max_restarts: how often a failing trial is restarted from its latest checkpoint
             before it is marked errored.
+        trial_timeout: seconds a trial's process may run (from its launch; each restart
+            gets the full time again) before the loop stops it: SIGTERM (the trial's
+            preemption save), SIGKILL if it has not exited after a grace period. A
+            stopped trial counts as failed (restarted up to ``max_restarts``). ``None``:
+            no limit. For hung trials (a stuck collective, a deadlocked loader).
         checkpoint_storage: `RetentionConfig`.
         resources: `ResourcesConfig`.
         early_stopping: `EarlyStoppingConfig`.
@@ -456,6 +461,7 @@ class ExperimentConfig:
     searcher: SearcherConfig
     hyperparameters: tuple[Param, ...] = ()
     max_restarts: int = 5
+    trial_timeout: float | None = None
     checkpoint_storage: RetentionConfig = dataclasses.field(default_factory=RetentionConfig)
     resources: ResourcesConfig = dataclasses.field(default_factory=ResourcesConfig)
     early_stopping: EarlyStoppingConfig = dataclasses.field(default_factory=EarlyStoppingConfig)
@@ -473,6 +479,12 @@ class ExperimentConfig:
             )
         if not _is_int(self.max_restarts) or self.max_restarts < 0:
             raise _err("max_restarts", f"{self.max_restarts!r}: must be an integer >= 0.")
+        _check_num("trial_timeout", self.trial_timeout)
+        if self.trial_timeout is not None and not 0 < self.trial_timeout < math.inf:
+            raise _err(
+                "trial_timeout",
+                f"{self.trial_timeout!r}: seconds > 0 (leave it out for no limit).",
+            )
         if self.searcher.name == "grid":
             for p in self.hyperparameters:
                 if p.type in ("int", "double") and p.count is None:
@@ -535,6 +547,7 @@ def parse_config(raw: dict[str, Any], *, base_dir: str | None = None) -> Experim
         hyperparameters=parse_hparams(raw.get("hyperparameters")),
         searcher=_section(SearcherConfig, raw["searcher"], "searcher"),
         max_restarts=raw.get("max_restarts", 5),
+        trial_timeout=raw.get("trial_timeout"),
         checkpoint_storage=_section(
             RetentionConfig, raw.get("checkpoint_storage"), "checkpoint_storage"
         ),
@@ -590,6 +603,7 @@ def to_dict(config: ExperimentConfig) -> dict[str, Any]:
         "hyperparameters": hparams,
         "searcher": searcher,
         "max_restarts": config.max_restarts,
+        "trial_timeout": config.trial_timeout,
         "checkpoint_storage": dataclasses.asdict(config.checkpoint_storage),
         "resources": dataclasses.asdict(config.resources),
         "early_stopping": dataclasses.asdict(config.early_stopping),

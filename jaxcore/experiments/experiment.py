@@ -51,7 +51,7 @@ from jaxcore.experiments.early_stopping import EarlyStopping
 from jaxcore.experiments.retention import apply_retention
 from jaxcore.experiments.searchers import Continue, Create, SearchMethod, Stop, make_searcher
 from jaxcore.experiments.store import EXPERIMENT_DONE, TERMINAL, Store, now, safe_url
-from jaxcore.experiments.trial_context import FINISHED_MARK, trial_dir
+from jaxcore.experiments.trial_context import FINISHED_MARK, PREEMPTED, trial_dir
 from jaxcore.experiments.trial_executors import (
     InlineTrialExecutor,
     SubprocessTrialExecutor,
@@ -61,11 +61,11 @@ from jaxcore.experiments.trial_executors import (
 
 log = logging.getLogger(__name__)
 
-PREEMPTED = 75  # jaxcore.checkpoint.PREEMPTION_EXIT_CODE (not imported: no JAX here)
 COMMIT_LAG_S = 30.0  # a report's transaction commits well within this after its insert
 BEAT_S = 1.0  # how often the loop records its heartbeat
 STALE_S = 10.0  # a loop on another host that has not beaten for this long is gone
 STRAGGLER_WAIT_S = 10.0  # how long a resumed loop waits for a dead loop's trials to exit
+TIMEOUT_GRACE_S = 30.0  # after trial_timeout's SIGTERM, how long until SIGKILL
 WORKDIR_MARK = ".jaxcore-store.json"
 OK_STATES = ("COMPLETED", "STOPPED")
 SEARCH_KEYS = ("hyperparameters", "searcher", "early_stopping")  # fixed for a resume
@@ -193,6 +193,13 @@ class ExperimentLoop:
         from jaxcore.experiments.runner import check_entrypoint
 
         self.entrypoint = check_entrypoint(config.entrypoint)
+        inline = executor == "inline" or isinstance(executor, InlineTrialExecutor)
+        if config.trial_timeout is not None and inline:
+            raise ConfigError(
+                f"trial_timeout: {config.trial_timeout:g} s needs trials in processes of "
+                "their own, which the loop can stop; the inline executor runs them in this "
+                "one. Use --executor local (the default) or ray."
+            )
         self.config = config
         self.store = store or Store(config.database_url)
         self.progress = progress
@@ -210,6 +217,8 @@ class ExperimentLoop:
         self.deleted = 0
         self.best: tuple[float, int] | None = None
         self._signalled: dict[int, int] = {}
+        self._launched: dict[int, float] = {}  # trial -> monotonic time of its launch
+        self._timed_out: dict[int, float] = {}  # trial -> when trial_timeout stopped it
         self._seen: dict[int, float] = {}  # metric id -> when this loop first saw it
         self._last_beat = 0.0
         self._was_paused = False
@@ -397,7 +406,12 @@ class ExperimentLoop:
         if exp_state in ("CANCELED", "KILLED"):
             self.store.update_trial(trial_id, state="CANCELED", exit_code=code, ended=now())
             return
-        if code == PREEMPTED:
+        # A trial stopped by trial_timeout failed, even when its SIGTERM handler saved
+        # and exited as preempted: rescheduling it as a preemption would loop for ever.
+        timed_out = self._timed_out.pop(trial_id, None) is not None and exp_state != "PAUSED"
+        if timed_out and code == 0 and not self._reported(trial_id):
+            code = 1  # it returned when stopped, before its result
+        if code == PREEMPTED and not timed_out:
             if exp_state == "PAUSED":
                 self.store.update_trial(trial_id, state="PAUSED", exit_code=code)
             else:
@@ -406,11 +420,16 @@ class ExperimentLoop:
             return
         if code != 0:
             restarts = row["restarts"] + 1
+            why = (
+                f"ran past trial_timeout ({self.config.trial_timeout:g} s) and was stopped"
+                if timed_out
+                else f"exited with {code}"
+            )
             if restarts <= self.config.max_restarts:
                 log.warning(
-                    "trial %d exited with %d: restart %d of %d from its latest checkpoint",
+                    "trial %d %s: restart %d of %d from its latest checkpoint",
                     trial_id,
-                    code,
+                    why,
                     restarts,
                     self.config.max_restarts,
                 )
@@ -419,7 +438,7 @@ class ExperimentLoop:
                 )
                 self.pending.appendleft(trial_id)
                 return
-            log.error("trial %d failed %d times: marked errored", trial_id, restarts)
+            log.error("trial %d %s, failed %d times: marked errored", trial_id, why, restarts)
             self.store.update_trial(
                 trial_id,
                 state="ERRORED",
@@ -443,6 +462,15 @@ class ExperimentLoop:
         )
         self._handle(self.searcher.exited(trial_id))
 
+    def _trial_log(self, trial_id: int, line: str) -> None:
+        """Append the loop's word on a trial to the trial's own log (best effort: the
+        record in the store is what counts)."""
+        with contextlib.suppress(OSError):
+            path = self.log_path(trial_id)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "a") as f:
+                f.write(f"jaxcore: {line}\n")
+
     def _reported(self, trial_id: int) -> bool:
         """Whether the trial ever reported the searcher metric (in any of its processes)."""
         return any(
@@ -461,11 +489,7 @@ class ExperimentLoop:
             "not the objective); marked errored"
         )
         log.error("%s", reason)
-        with contextlib.suppress(OSError):  # the record in the store is what counts
-            path = self.log_path(trial_id)
-            path.parent.mkdir(parents=True, exist_ok=True)
-            with open(path, "a") as f:
-                f.write(f"jaxcore: {reason}\n")
+        self._trial_log(trial_id, reason)
         self.store.update_trial(trial_id, state="ERRORED", exit_code=0, ended=now(), pid=None)
         self._handle(self.searcher.errored(trial_id))
 
@@ -537,6 +561,7 @@ class ExperimentLoop:
                 "JAXCORE_DB_URL": self.store.url,
                 "JAXCORE_TRIAL_ID": str(trial_id),
             }
+            self._launched[trial_id] = time.monotonic()
             pid = self.executor.launch(trial_id, env, self.log_path(trial_id))
             if pid is not None:
                 self.store.update_trial(trial_id, pid=pid, host=socket.gethostname())
@@ -566,9 +591,36 @@ class ExperimentLoop:
         self._was_paused = state == "PAUSED"
         return state
 
+    def _enforce_timeout(self) -> None:
+        """SIGTERM each trial that has run past ``trial_timeout`` (its preemption save),
+        SIGKILL it `TIMEOUT_GRACE_S` later if it is still there; `_on_exit` counts it failed."""
+        limit = self.config.trial_timeout
+        if limit is None:
+            return
+        clock = time.monotonic()
+        for t in self.executor.running():
+            stopped = self._timed_out.get(t)
+            if stopped is None and clock - self._launched.get(t, clock) > limit:
+                self._timed_out[t] = clock
+                reason = (
+                    f"trial {t} has run for more than trial_timeout ({limit:g} s): stopping "
+                    f"it (SIGTERM, then SIGKILL after {TIMEOUT_GRACE_S:g} s)"
+                )
+                log.warning("%s", reason)
+                self._trial_log(t, reason)
+                self.executor.signal(t, signal.SIGTERM)
+            elif (
+                stopped is not None
+                and clock - stopped > TIMEOUT_GRACE_S
+                and self._signalled.get(t) != signal.SIGKILL
+            ):
+                self._signalled[t] = signal.SIGKILL
+                self.executor.signal(t, signal.SIGKILL)
+
     def step(self) -> bool:
         """One turn of the loop; False when the experiment is over."""
         state = self._control()
+        self._enforce_timeout()
         if state == "ACTIVE":
             self._launch()
         self._turn()

@@ -87,16 +87,22 @@ def check_entrypoint(spec: str) -> Any:
 
 def call_entrypoint(fn: Any, ctx: Any) -> Any:
     """Run the trial and mark it finished when it returns (or exits with status 0); a
-    value it returns is logged, since the search never sees it."""
-    from jaxcore.experiments.trial_context import Trial
+    value it returns is logged, since the search never sees it.
+
+    A trial that returns while preempted (SIGTERM, the experiment paused) broke out of
+    its loop to stop, as ``if ctx.should_stop() or ctx.preempted(): break`` does: it
+    exits with `PREEMPTED` instead, so the loop pauses or requeues it rather than
+    recording it as ended (it was marked COMPLETED, or ERRORED before its first report).
+    """
+    from jaxcore.experiments.trial_context import PREEMPTED, Trial
 
     try:
         result = fn(ctx).run() if inspect.isclass(fn) and issubclass(fn, Trial) else fn(ctx)
     except SystemExit as e:
         if e.code in (0, None):
-            ctx.mark_finished()
+            _finished_or_preempted(ctx, PREEMPTED)
         raise
-    ctx.mark_finished()
+    _finished_or_preempted(ctx, PREEMPTED)
     if result is not None:
         log.warning(
             "trial %d: the trial function returned %r, which the search ignores; report "
@@ -106,6 +112,17 @@ def call_entrypoint(fn: Any, ctx: Any) -> Any:
             ctx.searcher_metric,
         )
     return result
+
+
+def _finished_or_preempted(ctx: Any, preempted_code: int) -> None:
+    if ctx.preempted():
+        log.info(
+            "trial %d: returned while preempted (SIGTERM or paused): exit %d, to be resumed",
+            ctx.trial_id,
+            preempted_code,
+        )
+        raise SystemExit(preempted_code)
+    ctx.mark_finished()
 
 
 def run_trial(db_url: str, trial_id: int) -> None:

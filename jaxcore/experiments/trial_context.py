@@ -48,6 +48,7 @@ from jaxcore.experiments.store import Store
 log = logging.getLogger(__name__)
 
 ACK_TIMEOUT_S = 600.0
+PREEMPTED = 75  # jaxcore.checkpoint.PREEMPTION_EXIT_CODE (not imported: no JAX here)
 SUPERSEDED = 76  # exit status of a trial process that finds another copy owns its trial
 FINISHED_MARK = "finished"  # in the trial dir: its latest launch returned cleanly
 

@@ -47,6 +47,7 @@ import time
 from typing import Any
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 from orbax.checkpoint import checkpoint_managers as ocm
 
@@ -508,8 +509,9 @@ class Checkpointer:
                 return None
             raise CheckpointError(
                 f"checkpoint {root} (step {step}) has no manifest (jaxcore_manifest.json): it "
-                "was written by jaxcore 0.1 or copied without it, so its files cannot be "
-                "verified. Restore it anyway with CheckpointConfig(allow_unverified=True), "
+                "was written by jaxcore 0.1, copied without it, or partly deleted (a "
+                "retention delete killed mid-way), so its files cannot be verified. "
+                "Restore it anyway with CheckpointConfig(allow_unverified=True), "
                 "or move it out of the directory."
             )
         try:
@@ -526,13 +528,39 @@ class Checkpointer:
         msg = f"checkpoint {src} is damaged: {damage}; moving it to {dst}"
         log.error(msg)
         self._print(msg)
+        failure: OSError | None = None
         if jax.process_index() == 0 and src.exists():
-            dst.parent.mkdir(parents=True, exist_ok=True)
-            shutil.move(str(src), str(dst))
+            try:
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                shutil.move(str(src), str(dst))
+            except OSError as e:  # a read-only mount, permissions: say so on every process
+                failure = e
+        failed = failure is not None
         if jax.process_count() > 1:
             from jax.experimental import multihost_utils
 
-            multihost_utils.sync_global_devices(f"jaxcore-quarantine-{step}")
+            # Every process learns whether process 0 moved it: one raising alone would
+            # leave the others waiting for it at their next collective.
+            flags = multihost_utils.process_allgather(np.array([failed], np.int32))
+            failed = bool(np.asarray(flags).any())
+        if failed:
+            older = [s for s in sorted(self._mgr.all_steps()) if s < step]
+            fallback = (
+                f"then the previous step {self.step_dir(older[-1])} is tried"
+                if older
+                else "then the run starts from step 0 (no older step)"
+            )
+            cause = (
+                f"{type(failure).__name__}: {failure}"
+                if failure is not None
+                else "see process 0's error"
+            )
+            raise CheckpointError(
+                f"checkpoint {src} (step {step}) is damaged: {damage}. It could not be "
+                f"moved to {dst} ({cause}), so nothing was restored. Make "
+                f"{self.directory} writable, or move or delete {src} yourself, and rerun: "
+                f"{fallback}."
+            ) from failure
         self._mgr.reload()
 
     # ----------------------------------------------------------------- restoring

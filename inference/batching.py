@@ -193,6 +193,14 @@ class Scheduler:
                 code="invalid_stop_token_id",
                 param="stop_token_ids",
             )
+        bad = [t for t, _ in params.logit_bias if t >= vocab]
+        if bad:
+            raise RequestError(
+                f"logit_bias keys must be token ids in [0, {vocab}) (this model's "
+                f"vocabulary); got {bad[:5]}. Remove or correct them.",
+                code="invalid_logit_bias",
+                param="logit_bias",
+            )
         if len(prompt) + params.max_tokens > self.max_len:
             raise RequestError(
                 f"this model's context is {self.max_len} tokens, but the prompt has "
@@ -458,6 +466,7 @@ class Scheduler:
             presence=p.presence_penalty,
             frequency=p.frequency_penalty,
             stop_ids=r.stop_ids(),
+            bias=p.logit_bias,
         )
         try:
             out = self.engine.prefill_async(
@@ -521,9 +530,11 @@ class Scheduler:
 
 def _greedy(p: SamplingParams) -> bool:
     """Whether a request can take the engine's greedy decode path: argmax, neutral
-    penalties, no reported alternatives (the chosen token's log-prob is still there)."""
+    penalties, no logit bias, no reported alternatives (the chosen token's log-prob is
+    still there)."""
     return (
         p.temperature == 0
+        and not p.logit_bias
         and p.repetition_penalty == 1
         and p.presence_penalty == 0
         and p.frequency_penalty == 0

@@ -68,6 +68,7 @@ class SlotState(struct.PyTreeNode):
     stop_mask: jax.Array  # (slots, vocab) bool: EOS and stop_token_ids
     seen: jax.Array  # (slots, vocab) bool: in the prompt or the output
     counts: jax.Array  # (slots, vocab) int32: generated occurrences
+    bias: jax.Array  # (slots, vocab) float32: the request's logit_bias (0 elsewhere)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +85,7 @@ class SlotSettings:
     presence: float = 0.0
     frequency: float = 0.0
     stop_ids: tuple[int, ...] = ()
+    bias: tuple[tuple[int, float], ...] = ()  # (token id, logit bias) pairs
 
 
 @dataclasses.dataclass(frozen=True)
@@ -290,6 +292,7 @@ class SlotEngine:
             stop_mask=jnp.zeros((n, vocab), bool),
             seen=jnp.zeros((n, vocab), bool),
             counts=jnp.zeros((n, vocab), jnp.int32),
+            bias=jnp.zeros((n, vocab), jnp.float32),
         )
         return jax.device_put(state, self.state_shardings)
 
@@ -332,8 +335,10 @@ class SlotEngine:
             return logits[0], layer_insert(cache, prefix, slot, length)
 
         def draw(logits, st: SlotState):
-            """Penalties, min_tokens and the per-slot sampler on ``logits: (slots, vocab)``."""
+            """Penalties, logit bias, min_tokens and the per-slot sampler on ``logits:
+            (slots, vocab)``."""
             logits = penalize(logits, st.seen, st.counts, st.repetition, st.presence, st.frequency)
+            logits = logits + st.bias  # OpenAI's logit_bias: added before sampling
             banned = st.stop_mask & (st.counters < st.min_tokens)[:, None]
             logits = jnp.where(banned, -jnp.inf, logits)
             typed = jax.vmap(lambda k, c: jax.random.fold_in(jax.random.wrap_key_data(k), c))(
@@ -350,7 +355,7 @@ class SlotEngine:
         def prefill_insert(
             weights, state: SlotState, tokens, start, length, slot, table_row, copy, settings, masks
         ):
-            stop_mask, seen = masks
+            stop_mask, seen, bias = masks
             logits, cache = fill(weights, state.cache, tokens, start, length, slot, table_row, copy)
             prompt_out = token_logprobs(logits[:-1], tokens[1:], MAX_TOP_LOGPROBS)
             last = jax.lax.dynamic_index_in_dim(logits, length - 1, keepdims=True)
@@ -364,6 +369,7 @@ class SlotEngine:
                 seen=seen[None],
                 counts=jnp.zeros((1, vocab), jnp.int32),
                 stop_mask=stop_mask[None],
+                bias=bias[None],
                 **{k: settings[k][None] for k in _SETTING_FIELDS},
             )
             token = draw(last, one)
@@ -383,6 +389,7 @@ class SlotEngine:
                 stop_mask=put("stop_mask", stop_mask),
                 seen=put("seen", seen.at[token[0]].set(True)),
                 counts=put("counts", jnp.zeros((vocab,), jnp.int32).at[token[0]].set(1)),
+                bias=put("bias", bias),
                 **{k: put(k, settings[k]) for k in _SETTING_FIELDS},
             )
             first = (token[0], lp[0], top_ids[0], top_lp[0])
@@ -506,6 +513,9 @@ class SlotEngine:
         stop_mask[list(settings.stop_ids)] = True
         seen = np.zeros(vocab, bool)
         seen[prompt] = True
+        bias = np.zeros(vocab, np.float32)
+        for token, value in settings.bias:
+            bias[token] = value
         table_row = np.zeros(self.pages_per_slot, np.int32) if pages is None else pages
         # A top_k past the vocabulary keeps all of it and a min_tokens past max_tokens
         # never ends early: clamped, they mean the same and fit int32 (1e12 overflowed).
@@ -530,7 +540,7 @@ class SlotEngine:
             np.asarray(table_row, np.int32),
             np.asarray(copy or (0, 0), np.int32),
             packed,
-            (stop_mask, seen),
+            (stop_mask, seen, bias),
         )
         return first, prompt_out, length
 

@@ -21,7 +21,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from inference.sampling import MAX_TOP_LOGPROBS
+from inference.sampling import MAX_LOGIT_BIAS, MAX_TOP_LOGPROBS
 
 
 class APIError(Exception):
@@ -129,8 +129,7 @@ class _Common(_Strict):
 
     def unsupported(self) -> None:
         """Raise for implemented-nowhere features requested with non-default values."""
-        if self.logit_bias:
-            raise APIError(400, "logit_bias is not supported.", param="logit_bias")
+        self.bias()
         if self.stream_options is not None:
             if not self.stream:
                 raise APIError(
@@ -167,6 +166,29 @@ class _Common(_Strict):
                     param=where,
                 )
         return stops
+
+    def bias(self) -> dict[int, float]:
+        """``logit_bias`` as ``{token_id: bias}``: OpenAI's keys are token ids written as
+        strings (``{"50256": -100}``) and its values lie in [-100, 100]."""
+        out: dict[int, float] = {}
+        for key, value in (self.logit_bias or {}).items():
+            if not (key.isascii() and key.isdigit()):
+                raise APIError(
+                    400,
+                    f"invalid value for 'logit_bias': key {json.dumps(key)} is not a token id; "
+                    'keys are token ids written as strings, e.g. {"50256": -100}.',
+                    param="logit_bias",
+                )
+            if not -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS:
+                raise APIError(
+                    400,
+                    f"invalid value for 'logit_bias.{key}': {value:g} is outside "
+                    f"[-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}] (-100 bans a token, 100 "
+                    "forces it).",
+                    param=f"logit_bias.{key}",
+                )
+            out[int(key)] = value
+        return out
 
     def include_usage(self) -> bool:
         return bool((self.stream_options or {}).get("include_usage"))
@@ -218,6 +240,10 @@ class ChatRequest(_Common):
     tools: list[Any] | None = None
     tool_choice: Any = None
     parallel_tool_calls: bool | None = None
+    # OpenAI's stored completions: only the default (not stored) is served; metadata tags
+    # a stored completion, so without storage it changes nothing (OpenAI ignores it too).
+    store: bool = False
+    metadata: dict[str, str] | None = None
     add_generation_prompt: bool = True  # vLLM's extension
 
     def unsupported(self) -> None:
@@ -230,6 +256,12 @@ class ChatRequest(_Common):
             )
         if self.tools:
             raise APIError(400, "tools are not supported.", param="tools")
+        if self.store:
+            raise APIError(
+                400,
+                "store=true is not supported (this server keeps no completions); drop store.",
+                param="store",
+            )
         if self.tool_choice not in (None, "none", "auto"):  # without tools both mean text
             raise APIError(
                 400,

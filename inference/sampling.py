@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+from collections.abc import Mapping
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -56,6 +58,9 @@ class SamplingParams:
             0: only the chosen token's log-probability).
         prompt_logprobs: score the prompt tokens too, with this many alternatives each
             (``None``: no; ``True`` means 0 alternatives).
+        logit_bias: ``{token_id: bias}`` added to the logits before sampling, each bias in
+            [-100, 100] (OpenAI's ``logit_bias``: -100 bans a token, +100 forces it);
+            stored as sorted ``(id, bias)`` pairs.
     """
 
     max_tokens: int = 16
@@ -73,6 +78,7 @@ class SamplingParams:
     seed: int | None = None
     logprobs: int | None = None
     prompt_logprobs: int | None = None
+    logit_bias: Mapping[int, float] | tuple[tuple[int, float], ...] = ()
 
     def __post_init__(self) -> None:
         for name in _FLOATS:  # inf passed the range checks and gave degenerate output
@@ -122,10 +128,38 @@ class SamplingParams:
                 )
             object.__setattr__(self, "seed", int(self.seed))
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        object.__setattr__(self, "logit_bias", _bias_pairs(self.logit_bias))
         if isinstance(self.stop, str):
             object.__setattr__(self, "stop", (self.stop,))
         if any(not s for s in self.stop):
             raise jc.ConfigError("SamplingParams.stop: stop strings must be non-empty.")
+
+
+# OpenAI's range for a ``logit_bias`` value.
+MAX_LOGIT_BIAS = 100.0
+
+
+def _bias_pairs(bias: Any) -> tuple[tuple[int, float], ...]:
+    """``logit_bias`` as sorted ``(token_id, bias)`` pairs, checked."""
+    items = bias.items() if isinstance(bias, Mapping) else bias
+    pairs: dict[int, float] = {}
+    for token, value in items:
+        if isinstance(token, bool) or not isinstance(token, numbers.Integral) or token < 0:
+            raise jc.ConfigError(
+                f"SamplingParams.logit_bias: key {token!r} is not a token id (an integer >= 0)."
+            )
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise jc.ConfigError(
+                f"SamplingParams.logit_bias[{token}]={value!r}: must be a number in "
+                f"[-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]."
+            )
+        if not -MAX_LOGIT_BIAS <= value <= MAX_LOGIT_BIAS:  # also refuses NaN
+            raise jc.ConfigError(
+                f"SamplingParams.logit_bias[{token}]={value!r}: must be in "
+                f"[-{MAX_LOGIT_BIAS:g}, {MAX_LOGIT_BIAS:g}]."
+            )
+        pairs[int(token)] = float(value)
+    return tuple(sorted(pairs.items()))
 
 
 def penalize(

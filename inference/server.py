@@ -374,6 +374,7 @@ class OpenAIServer:
             repetition_penalty=req.repetition_penalty,
             presence_penalty=req.presence_penalty,
             frequency_penalty=req.frequency_penalty,
+            logit_bias=req.bias(),
         )
 
     def _submit(

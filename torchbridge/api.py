@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import warnings
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -43,7 +44,9 @@ def prepare(
     ``schedule_steps`` and ``clip_grad_value`` are `to_optax`'s (a ``LambdaLR`` horizon;
     ``torch.nn.utils.clip_grad_value_``, which has no ``.grad`` to clip in a bridged loop).
     The torch optimizer's ``state_dict`` / ``load_state_dict`` then raise: its moments live
-    in the `TrainState` (save and resume with ``jaxcore.Checkpointer``).
+    in the `TrainState` (save and resume with ``jaxcore.Checkpointer``); so do
+    ``torch.nn.utils.clip_grad_norm_`` / ``clip_grad_value_`` on the module's parameters
+    between steps (`_guard_clipping`: there is no ``.grad`` to clip).
     The engine's train steps then follow the torch loop's host changes between steps:
     ``param_groups`` values (``group["lr"] = ...``), ``requires_grad_`` and
     ``optimizer.zero_grad(set_to_none=False)`` (see `torchbridge.step`). The module keeps
@@ -83,6 +86,7 @@ def prepare(
         hyperparams = HostHyperparams(optimizer, scheduler)
         _refuse_state_dicts(optimizer)
         optimizer.zero_grad = functools.partial(_zero_grad, hyperparams)
+    _guard_clipping(module)
     model = bridge(module, train=train)
     plan = TorchPlan.of(engine.plan(model.adapter(), tx), model, hyperparams)
     engine.last_plan = plan
@@ -102,6 +106,82 @@ def _refuse_state_dicts(optimizer: Any) -> None:
     """Make a prepared torch optimizer's (empty) state dicts raise instead of misleading."""
     for name in ("state_dict", "load_state_dict"):
         setattr(optimizer, name, functools.partial(_state_dict_refused, name))
+
+
+# Parameters of prepared modules, by id (a weak reference checks it is still the same one;
+# tensors compare elementwise, so they cannot be members of a WeakSet).
+_PREPARED: dict[int, weakref.ref] = {}
+_CLIPS = (("clip_grad_norm_", "norm"), ("clip_grad_norm", "norm"), ("clip_grad_value_", "value"))
+
+
+def _guard_clipping(module: Any) -> None:
+    """Make ``torch.nn.utils.clip_grad_norm_`` / ``clip_grad_value_`` raise on this module.
+
+    A bridged step computes the gradients and applies the update inside one jitted call, so
+    between two steps the parameters have no ``.grad``: torch's clip would return a norm of
+    0 and clip nothing, silently. Taking the call as "clip the next steps" cannot be torch's
+    either: the step that already ran was unclipped, and the returned norm would not be the
+    norm of any gradient torch would have computed there. So the call raises, naming the
+    setting that clips inside the step. Only a call on a prepared module's parameters none
+    of which has a ``.grad`` raises; any other (an eager torch loop) is torch's own.
+    """
+    import torch.nn.utils
+    import torch.nn.utils.clip_grad
+
+    for p in module.parameters():
+        key = id(p)
+        _PREPARED[key] = weakref.ref(p, functools.partial(_forget, key))
+    for owner in (torch.nn.utils, torch.nn.utils.clip_grad):
+        for name, kind in _CLIPS:
+            original = getattr(owner, name, None)
+            if original is not None and not getattr(original, "_torchbridge_guard", False):
+                setattr(owner, name, _clip_guard(name, kind, original))
+
+
+def _forget(key: int, _: Any) -> None:
+    _PREPARED.pop(key, None)
+
+
+def _clip_guard(name: str, kind: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    import torch
+
+    @functools.wraps(original)
+    def clip(parameters: Any, *args: Any, **kwargs: Any) -> Any:
+        params = [parameters] if isinstance(parameters, torch.Tensor) else list(parameters)
+        prepared = any((ref := _PREPARED.get(id(p))) is not None and ref() is p for p in params)
+        if prepared and all(p.grad is None for p in params):
+            raise UnsupportedError(_clip_message(name, kind, original, args, kwargs))
+        return original(params, *args, **kwargs)
+
+    clip._torchbridge_guard = True  # type: ignore[attr-defined]
+    return clip
+
+
+def _clip_message(
+    name: str, kind: str, original: Callable[..., Any], args: tuple, kwargs: dict
+) -> str:
+    import inspect
+
+    bound = inspect.signature(original).bind_partial(None, *args, **kwargs).arguments
+    head = (
+        f"torchbridge: torch.nn.utils.{name} on a prepared module's parameters would clip "
+        "nothing: the bridged step computes and applies the gradients in one jitted call, "
+        "so no .grad exists between steps. "
+    )
+    if kind == "value":
+        v = bound.get("clip_value")
+        return head + f"Pass torchbridge.prepare(..., clip_grad_value={v}) instead."
+    max_norm, norm_type = bound.get("max_norm"), float(bound.get("norm_type", 2.0))
+    fix = f"Build the engine with jc.Engine(clip_grad_norm={max_norm}) instead"
+    if norm_type != 2.0:
+        return head + (
+            f"norm_type={norm_type} is not supported: the engine clips by the global L2 "
+            f"norm ({fix}, which is norm_type=2)."
+        )
+    return head + (
+        f"{fix} (torch's L2 formula, max_norm / (norm + 1e-6)); the norm before clipping "
+        "is metrics['grad_norm']."
+    )
 
 
 def _zero_grad(hyperparams: HostHyperparams, set_to_none: bool = True) -> None:

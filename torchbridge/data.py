@@ -7,10 +7,12 @@ any Grain-based loader (``jaxcore.input`` included).
 
 `TorchLoader` carries a ``DataLoader``'s batch size, sampler (shuffle or not,
 ``WeightedRandomSampler``, ``SubsetRandomSampler``, ``DistributedSampler``), ``drop_last``
-and ``collate_fn`` over: epoch *e* visits the same indices in the same batches as the
-DataLoader's *e*-th ``iter()`` (it replays torch's RNG draws: the base-seed draw from the
-loader's generator, then ``randperm`` from the sampler's, the same one unless
-``sampler=RandomSampler(ds, generator=g)`` brings its own; a ``None`` generator is the
+and ``collate_fn`` over (a ``batch_sampler=``: torch's ``BatchSampler`` the same way, a
+custom one by iterating a copy after ``set_epoch(epoch)``, `_check_replayable`): epoch *e*
+visits the same indices in the same batches as the DataLoader's *e*-th ``iter()`` (it
+replays torch's RNG draws: the base-seed draw from the loader's generator, then
+``randperm`` from the sampler's, the same one unless ``sampler=RandomSampler(ds,
+generator=g)`` brings its own; a ``None`` generator is the
 global RNG as captured when the bridge was built; with persistent workers only the first
 epoch draws a base seed, as torch's one iterator does). Batches come out as global
 ``jax.Array``s sharded over the engine's data axes. Its state, ``{"epoch", "batch",
@@ -139,6 +141,60 @@ def _check_sampler(sampler: Any) -> bool:
     )
 
 
+def _copy(batch_sampler: Any, dataset: Any) -> Any:
+    """A deep copy of a batch sampler that shares the dataset it may hold (not copied)."""
+    return copy.deepcopy(batch_sampler, {id(dataset): dataset})
+
+
+def _custom_batches(batch_sampler: Any, epoch: int, dataset: Any) -> list[list[int]]:
+    """A custom batch sampler's batches in ``epoch``: a copy's, after ``set_epoch(epoch)``.
+
+    The copy leaves the loop's own sampler untouched; `_check_replayable` made sure its
+    batches are a function of the epoch (or of nothing), so a resume gets the same ones.
+    """
+    c = _copy(batch_sampler, dataset)
+    if hasattr(c, "set_epoch"):
+        c.set_epoch(epoch)
+    return [[int(i) for i in b] for b in c]
+
+
+def _check_replayable(batch_sampler: Any, dataset: Any) -> None:
+    """Refuse a custom batch sampler whose batches cannot be replayed for an exact resume.
+
+    Its batches must be a function of the epoch it was ``set_epoch`` to (as
+    ``DistributedSampler``'s are of ``(seed, epoch)``), or of nothing: one copy iterated
+    twice, at epoch 0, must give the same batches. One that draws from a global RNG (torch,
+    ``random``, NumPy) or advances a generator of its own gives others each time; the
+    global RNGs are restored after the check.
+    """
+    import random
+
+    import torch
+
+    saved = torch.get_rng_state(), random.getstate(), np.random.get_state()
+    try:
+        c = _copy(batch_sampler, dataset)
+        runs = []
+        for _ in range(2):
+            if hasattr(c, "set_epoch"):
+                c.set_epoch(0)
+            runs.append([[int(i) for i in b] for b in c])
+    finally:
+        torch.set_rng_state(saved[0])
+        random.setstate(saved[1])
+        np.random.set_state(saved[2])
+    if runs[0] != runs[1]:
+        name = type(batch_sampler).__name__
+        raise UnsupportedError(
+            f"TorchLoader: batch_sampler {name} gives different batches each time it is "
+            "iterated (it draws from a global RNG or advances a generator of its own), so "
+            "its batches cannot be replayed for an exact resume. Give it a set_epoch(epoch) "
+            "and draw its order from torch.Generator().manual_seed(seed + epoch) in "
+            "__iter__, as DistributedSampler does; TorchLoader calls set_epoch with its "
+            "epoch (call it in your torch loop too)."
+        )
+
+
 def _encode(state: Any) -> str:
     return base64.b64encode(bytes(state.numpy().tobytes())).decode("ascii")
 
@@ -162,7 +218,8 @@ class TorchLoader:
     Args:
         dataloader: a ``torch.utils.data.DataLoader`` over a map-style dataset, with the
             default sequential or random (no replacement) sampler, a weighted, subset or
-            distributed one.
+            distributed one; or a ``batch_sampler`` whose batches are a function of its
+            ``set_epoch(epoch)`` (or of nothing), e.g. bucketing by length.
         engine: batches go through ``engine.shard_batch``; ``None`` yields NumPy.
         num_epochs: stop after this many epochs (``None``: run forever).
         prefetch: batches Grain prepares ahead in background threads.
@@ -194,19 +251,27 @@ class TorchLoader:
                 "dataset must yield its own shard), or make the dataset map-style "
                 "(__len__ and __getitem__)."
             )
-        if dataloader.batch_size is None:
+        from torch.utils.data import BatchSampler
+
+        batch_sampler = dataloader.batch_sampler
+        if batch_sampler is None:
             raise UnsupportedError(
-                "TorchLoader: a DataLoader without batch_size (batch_size=None or a custom "
-                "batch_sampler) is not supported; build it as DataLoader(dataset, "
-                "batch_size=N, shuffle=..., drop_last=...)."
+                "TorchLoader: a DataLoader with batch_size=None (no batching) is not "
+                "supported; build it as DataLoader(dataset, batch_size=N, shuffle=..., "
+                "drop_last=...)."
             )
         self.dataloader = dataloader
         self.engine = engine
-        self.sampler = dataloader.sampler
-        self.shuffle = _check_sampler(self.sampler)
-        self.distributed = self._check_distributed()
-        self.batch_size = dataloader.batch_size
-        self.drop_last = dataloader.drop_last
+        # torch's own BatchSampler (what batch_size=N builds, or passed as batch_sampler=)
+        # is replayed from its sampler; any other batch sampler by `_custom_batches`.
+        self.custom = None if type(batch_sampler) is BatchSampler else batch_sampler
+        self.sampler = dataloader.sampler if self.custom is not None else batch_sampler.sampler
+        self.shuffle = self.custom is None and _check_sampler(self.sampler)
+        self.distributed = self.custom is None and self._check_distributed()
+        self.batch_size = None if self.custom is not None else batch_sampler.batch_size
+        self.drop_last = None if self.custom is not None else batch_sampler.drop_last
+        if self.custom is not None:
+            _check_replayable(self.custom, dataloader.dataset)
         # With persistent workers, only the DataLoader's first iter() draws a base seed.
         self._seeds_once = dataloader.persistent_workers and dataloader.num_workers > 0
         self.collate_fn = dataloader.collate_fn
@@ -255,11 +320,14 @@ class TorchLoader:
         if self._split:
             perm = torch.Generator()
             perm.set_state(_decode(state["sampler_rng"]))
-        order = self._order(perm, state["epoch"])
-        size = self.batch_size
-        batches = [order[i : i + size] for i in range(0, len(order), size)]
-        if self.drop_last and batches and len(batches[-1]) < size:
-            batches.pop()
+        if self.custom is not None:
+            batches = _custom_batches(self.custom, state["epoch"], self.dataloader.dataset)
+        else:
+            order = self._order(perm, state["epoch"])
+            size = self.batch_size
+            batches = [order[i : i + size] for i in range(0, len(order), size)]
+            if self.drop_last and batches and len(batches[-1]) < size:
+                batches.pop()
         rngs = {"rng": _encode(gen.get_state())}
         if self._split:
             rngs["sampler_rng"] = _encode(perm.get_state())
@@ -323,6 +391,8 @@ class TorchLoader:
 
     def __len__(self) -> int:
         """Steps per epoch."""
+        if self.custom is not None:
+            return len(self.custom) // self._block()[1]
         n, size = len(self.sampler), self.batch_size
         per = n // size if self.drop_last else -(-n // size)
         return per if self.distributed else per // self._block()[1]
@@ -356,7 +426,7 @@ class TorchLoader:
         try:
             return self.engine.shard_batch(batch)
         except jc.BatchError as e:
-            if rows == self.batch_size:
+            if self.custom is not None or rows == self.batch_size:
                 raise
             raise jc.BatchError(
                 f"{e} This is the DataLoader's last, short batch ({rows} of "

@@ -468,6 +468,120 @@ def _without_grad_scaler() -> Iterator[None]:
         GradScaler.scale = original
 
 
+# torch.utils.checkpoint.checkpoint's own options (the rest go to the function).
+_CHECKPOINT_OPTIONS = (
+    "use_reentrant",
+    "context_fn",
+    "determinism_check",
+    "debug",
+    "early_stop",
+    "preserve_rng_state",
+)
+
+
+def _jax_checkpoint(env: Any, root: Any) -> Callable[..., Any]:
+    """``torch.utils.checkpoint.checkpoint`` for a bridged call: ``jax.checkpoint``.
+
+    torch's checkpoint keeps a block's inputs and recomputes its activations in the
+    backward pass; run on JAX it would only call the function (torch's autograd does not
+    run; JAX differentiates the traced program), keeping every activation. This traces the
+    function under ``jax.checkpoint`` with nothing saved (torch's), or the engine's remat
+    policy when one is set. The random key torchax splits for dropout goes in and out as
+    a value, so the recomputation draws the same masks; so do the buffers the block
+    updates (train-mode BatchNorm statistics), once per step as without checkpointing
+    (torch's recomputation in the backward pass updates them a second time).
+    """
+    import torch
+    from torch.utils import _pytree
+
+    from jaxcore import remat, trace_context
+
+    def checkpoint(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        for option in _CHECKPOINT_OPTIONS:
+            kwargs.pop(option, None)
+        leaves, spec = _pytree.tree_flatten((args, kwargs))
+        where = [i for i, leaf in enumerate(leaves) if isinstance(leaf, torch.Tensor)]
+        prop = env.param
+        keyed = isinstance(prop.prng, jax.Array)
+        out_spec: list[Any] = []
+        buffers = dict(root.named_buffers())
+        before = {n: b._elem for n, b in buffers.items() if hasattr(b, "_elem")}
+
+        def pure(key: Any, *arrays: Any) -> Any:
+            if keyed:
+                prop.prng = key
+            now = list(leaves)
+            for i, a in zip(where, env.j2t_iso(arrays), strict=True):
+                now[i] = a
+            a, kw = _pytree.tree_unflatten(now, spec)
+            out, out_def = _pytree.tree_flatten(function(*a, **kw))
+            tensors = [isinstance(x, torch.Tensor) for x in out]
+            out_spec[:] = [
+                out_def,
+                tensors,
+                [None if t else x for x, t in zip(out, tensors, strict=True)],
+            ]
+            arrays_out = [env.t2j_iso(x) for x, t in zip(out, tensors, strict=True) if t]
+            changed = [n for n, e in before.items() if buffers[n]._elem is not e]
+            out_spec.append(changed)
+            return (prop.prng if keyed else key), arrays_out, [buffers[n]._elem for n in changed]
+
+        name = trace_context.current().remat
+        policy = jax.checkpoint_policies.nothing_saveable
+        if name != "none":
+            policy = remat._policy(name)
+        count = remat._WRAPPED.get()  # a block wrapped: the engine's remat took effect
+        if count is not None:
+            count[0] += 1
+        key = prop.prng if keyed else jnp.zeros((), jnp.uint32)
+        arrays = [env.t2j_iso(leaves[i]) for i in where]
+        new_key, outs, updated = jax.checkpoint(pure, policy=policy, prevent_cse=True)(key, *arrays)
+        if keyed:
+            prop.prng = new_key
+        out_def, tensors, rest, changed = out_spec
+        for n, value in zip(changed, updated, strict=True):
+            buffers[n]._elem = value
+        it = iter(env.j2t_iso(outs))
+        return _pytree.tree_unflatten(
+            [next(it) if t else r for t, r in zip(tensors, rest, strict=True)], out_def
+        )
+
+    return checkpoint
+
+
+@contextlib.contextmanager
+def _checkpointing(root: Any, env: Any) -> Iterator[None]:
+    """Make torch's activation checkpointing remat on JAX while a bridged call runs.
+
+    Covers ``torch.utils.checkpoint.checkpoint(...)`` looked up at call time and the
+    function Hugging Face models hold per layer after ``gradient_checkpointing_enable()``
+    (``_gradient_checkpointing_func``, as transformers' ``GradientCheckpointingLayer``
+    calls it).
+    """
+    import torch.utils.checkpoint
+
+    fn = _jax_checkpoint(env, root)
+    saved = [
+        (m, m.__dict__.get("_gradient_checkpointing_func"))
+        for m in root.modules()
+        if getattr(m, "gradient_checkpointing", False) is True
+        and hasattr(m, "_gradient_checkpointing_func")
+    ]
+    original = torch.utils.checkpoint.checkpoint
+    torch.utils.checkpoint.checkpoint = fn
+    for m, _ in saved:
+        m._gradient_checkpointing_func = fn
+    try:
+        yield
+    finally:
+        torch.utils.checkpoint.checkpoint = original
+        for m, old in saved:
+            if old is None:
+                m.__dict__.pop("_gradient_checkpointing_func", None)
+            else:
+                m._gradient_checkpointing_func = old
+
+
 @contextlib.contextmanager
 def _module_stack(root: Any) -> Iterator[list[str]]:
     """Track which submodule is running (for error messages), with global forward hooks."""
@@ -628,6 +742,7 @@ class BoundModule:
             _mode(root, train, force=bridge.train is True),
             _keyed(env, rng),
             _without_grad_scaler(),
+            _checkpointing(root, env),
             _module_stack(root) as stack,
         ):
             torch.backends.mha.set_fastpath_enabled(False)

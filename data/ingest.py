@@ -588,6 +588,17 @@ def git_head(path: str) -> tuple[str, str]:
         ).stdout.strip()
 
     top = git("rev-parse", "--show-toplevel")  # empty for a bare repository
+    probe = subprocess.run(
+        ["git", "-C", path, "rev-parse", "--git-dir"], capture_output=True, text=True, check=False
+    )
+    if "dubious ownership" in probe.stderr:
+        # git >= 2.35.2 will not read a repository another user owns (CVE-2022-24765);
+        # running git with that repository's own config is what it guards against.
+        raise BuildError(
+            f"git refuses to read {path}: it belongs to another user (git: detected dubious "
+            "ownership). Fix: build as its owner, or, if you trust it, run `git config "
+            f"--global --add safe.directory {path}` and rerun"
+        )
     if top and Path(top).resolve() != Path(path).resolve():
         raise BuildError(
             f"{path} is not a git repository but lies inside {top}, whose files it would "

@@ -92,12 +92,25 @@ def _damage(files: dict[Path, int | None], sums: dict[str, str]) -> str | None:
     return None
 
 
+def _read_marker(path: Path) -> dict[str, Any] | None:
+    """A marker's (or the plan's) JSON; None when it is damaged: a file renamed into place
+    can be empty or cut short after a power cut, and the work it stands for is redone."""
+    try:
+        result = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        log.warning("%s is damaged (%s): its work is redone", path, e)
+        return None
+    return result if isinstance(result, dict) else None
+
+
 def _cached(marker: Path, files: Any) -> tuple[dict[str, Any] | None, str]:
     """The marker's result when it exists and its files are intact, else (None, why the
     work is redone: empty when there is no marker)."""
     if not _done(marker):
         return None, ""
-    result = json.loads(marker.read_text())
+    result = _read_marker(marker)
+    if result is None:
+        return None, f"{marker} is damaged"
     problem = _damage(files(result), result.get("sha256", {}))
     if problem is None:
         return dict(result, skipped=True), ""
@@ -115,11 +128,30 @@ def _sums(paths: list[Path]) -> dict[str, str]:
     return {_sum_key(p): sha256_file(p) for p in paths}
 
 
+def crash_point(name: str) -> None:
+    """Test hook: ``DATA_TEST_CRASH_AT=<name>`` kills the whole build (its process group,
+    as a power cut would) at that named point with SIGKILL, so a test can land a crash
+    exactly on a racy line (files written but no marker, manifest renamed but no changelog).
+    """
+    if os.environ.get("DATA_TEST_CRASH_AT") == name:
+        os.killpg(os.getpgid(0), signal.SIGKILL)
+
+
 def _mark(path: Path, payload: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(payload, sort_keys=True))
+    _write_synced(tmp, json.dumps(payload, sort_keys=True))
     os.replace(tmp, path)
+
+
+def _write_synced(path: Path, text: str, mode: int = 0o644) -> None:
+    """Write and fsync, so that a rename after it cannot leave an empty file behind a power
+    cut (ext4 delayed allocation; as sqlite and git fsync before renaming). ``mode`` applies
+    from the file's creation (a key is never readable by others, even for a moment)."""
+    with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode), "w") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
 
 
 def pii_secret(cfg: BuildConfig) -> bytes:
@@ -134,14 +166,30 @@ def pii_secret(cfg: BuildConfig) -> bytes:
         import secrets
 
         env = os.environ.get("DATA_PII_SECRET", "")
+        try:
+            key = bytes.fromhex(env).hex() if env else secrets.token_hex(32)
+        except ValueError:
+            raise BuildError(
+                "DATA_PII_SECRET is not hex. Fix: set it to an even number of hex digits "
+                "(e.g. `python -c 'import secrets; print(secrets.token_hex(32))'`), or unset it"
+            ) from None
         p.parent.mkdir(parents=True, exist_ok=True)
         tmp = p.with_name(f"{p.name}.{os.getpid()}.tmp")
-        tmp.write_text(bytes.fromhex(env).hex() if env else secrets.token_hex(32))
-        tmp.chmod(0o600)
+        _write_synced(tmp, key, 0o600)
         with contextlib.suppress(FileExistsError):
             os.link(tmp, p)  # first writer wins; concurrent workers read its key
         tmp.unlink()
-    return bytes.fromhex(p.read_text().strip())
+    try:
+        key = bytes.fromhex(p.read_text().strip())
+    except (ValueError, UnicodeDecodeError):
+        key = b""
+    if not key:  # an empty key file (a power cut) would key the PII log with b""
+        raise BuildError(
+            f"{p} is damaged (not a hex key); the PII logs of this version's finished shards "
+            f"are keyed by the key it held. Fix: restore it from a copy, or delete it and "
+            f"{cfg.version_dir / '_work'} to rebuild the version with a new key"
+        )
+    return key
 
 
 def _inputs_key(cfg: BuildConfig) -> str:
@@ -164,6 +212,12 @@ def _plan(cfg: BuildConfig, *, check: bool = True) -> list[list[RepoUnit]]:
     start, so the workers pass ``check=False`` and do not rehash the inputs per shard.
     """
     p = _work(cfg) / "plan.json"
+    if check and p.exists() and _read_marker(p) is None:
+        # The plan decides which shard holds which repository, so every shard made under a
+        # damaged one is redone with the new plan (only the build's main process gets here).
+        for done in _work(cfg).glob("**/*.done"):
+            done.unlink()
+        p.unlink()
     made = p.exists()
     if not made or check:
         key = _inputs_key(cfg)
@@ -172,7 +226,7 @@ def _plan(cfg: BuildConfig, *, check: bool = True) -> list[list[RepoUnit]]:
         payload = {"inputs_sha256": key, "shards": [[vars(u) for u in s] for s in plan]}
         p.parent.mkdir(parents=True, exist_ok=True)
         tmp = p.with_name(f"{p.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(payload, sort_keys=True))
+        _write_synced(tmp, json.dumps(payload, sort_keys=True))
         with contextlib.suppress(FileExistsError):
             os.link(tmp, p)  # first writer wins
         tmp.unlink()
@@ -269,6 +323,7 @@ def stage1_shard(config: dict[str, Any], shard: int) -> dict[str, Any]:
         "stats": [s.to_dict() for s in sink],
         "sha256": _sums([kept.path, drops.path, pii.path, opted.path]),
     }
+    crash_point(f"stage1-{shard}-unmarked")
     _mark(marker, result)
     return dict(result, skipped=False, redone=redo)
 
@@ -277,7 +332,9 @@ def dedup_phase(cfg: BuildConfig) -> dict[str, Any]:
     """Phase 2: find duplicates across all shards from hashes and signatures."""
     marker = _work(cfg) / "dedup.done"
     if _done(marker):
-        return json.loads(marker.read_text())
+        cached = _read_marker(marker)
+        if cached is not None:
+            return cached
     t0, c0 = time.perf_counter(), time.thread_time()
     items: list[DedupItem] = []
     names: dict[tuple[int, int], str] = {}
@@ -346,6 +403,7 @@ def dedup_phase(cfg: BuildConfig) -> dict[str, Any]:
         stats.dropped[reason] = stats.dropped.get(reason, 0) + 1
     stats.dropped = dict(sorted(stats.dropped.items()))
     result = {"removed": by_shard, "stats": stats.to_dict()}
+    crash_point("dedup-unmarked")
     _mark(marker, result)
     return result
 
@@ -418,6 +476,7 @@ def stage3_shard(config: dict[str, Any], shard: int) -> dict[str, Any]:
         "license_ids": license_ids,
         "sha256": _sums([out.path, drops.path, _pii_path(vdir, shard)]),
     }
+    crash_point(f"stage3-{shard}-unmarked")
     _mark(marker, result)
     return dict(result, skipped=False, redone=redo)
 
@@ -479,6 +538,10 @@ def _terminate_as_interrupt():
 def _build(cfg: BuildConfig) -> dict[str, Any]:
     t_start = time.perf_counter()
     vdir = cfg.version_dir
+    if cfg.tokenize.enabled and cfg.tokenize.tokenizer:
+        from data.tokens import load_tokenizer
+
+        load_tokenizer(cfg.tokenize)  # a wrong path or eos_token fails now, not at the end
     _plan(cfg)  # made (or checked against the config) before the workers start
     pii_secret(cfg)  # created before the workers start
     config = cfg.to_dict()
@@ -536,19 +599,27 @@ def _build(cfg: BuildConfig) -> dict[str, Any]:
         ],
         "pii_logs": [{"path": f, "sha256": sha256_file(vdir / f)} for f in pii_files],
     }
+    token_files: list[str] = []
+    if cfg.tokenize.enabled:
+        # Before the manifest, which marks a finished snapshot: a build that dies while
+        # tokenizing is resumed (and tokenized again), not taken for a finished one.
+        from data import tokens
+
+        t0 = time.perf_counter()
+        index = tokens.tokenize_snapshot(vdir, cfg.tokenize, parquet=files)
+        timings["tokenize"] = time.perf_counter() - t0
+        token_files = [index["tokenizer"], *(s["path"] for s in index["shards"])]
+        token_files.append("tokens/index.json")
+        manifest["tokens"] = [{"path": f, "sha256": sha256_file(vdir / f)} for f in token_files]
     # The manifest goes in last and whole: its presence marks a finished snapshot.
     tmp = vdir / "manifest.json.tmp"
     tmp.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
-    write_checksums(vdir, [*files, *drop_files, *pii_files], manifest=tmp)
+    write_checksums(vdir, [*files, *drop_files, *pii_files, *token_files], manifest=tmp)
+    crash_point("manifest-unrenamed")
     os.replace(tmp, vdir / "manifest.json")
+    crash_point("manifest-renamed")
     previous = _previous_version(Path(cfg.output_dir), cfg.version)
     append_changelog(Path(cfg.output_dir), cfg.version, manifest, previous)
-    if cfg.tokenize.enabled:
-        from data.tokens import tokenize_snapshot
-
-        t0 = time.perf_counter()
-        tokenize_snapshot(vdir, cfg.tokenize)
-        timings["tokenize"] = time.perf_counter() - t0
     timings["total"] = time.perf_counter() - t_start
     report = {
         "timings_s": timings,

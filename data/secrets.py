@@ -788,6 +788,9 @@ def _line_secrets(text: str, s: int, e: int) -> Iterator[Hit]:
             yield from _judge(kind, _value(m, query=True), name)
     if any(w in low for w in LOGIN_WORDS):
         yield from _login_calls(text, s, e)
+    if "variable" in low and (m := HCL_VARIABLE.match(text, s, e)):
+        name = m.group("name")
+        yield from _judge(name_kind(name), _hcl_variable_default(text, m.end()), name)
 
 
 LOGIN_WORDS = ("login", "logon", "sign", "auth", "credential", "bind", "connect", "pdo")
@@ -849,6 +852,48 @@ def _named_secrets(text: str, s: int, e: int, low: str) -> Iterator[Hit]:
                 yield from _judge(kind, _value(m), name)
         if before == ":" or _dsl_ok(text, s, a):  # Clojure's {:password "x"}
             yield from _judge(kind, _value_at(DSL_TAIL, text, b, e), name)
+
+
+# Terraform/HCL: a variable block whose name says password/key/token holds its value in
+# ``default`` (``variable "db_password" { default = "..." }``). HCL strings are double-quoted;
+# an expression (``var.x``, ``null``) is no literal, and ``"${...}"`` is a placeholder.
+HCL_VARIABLE = re.compile(r"""[ \t]*variable[ \t]+"(?P<name>[\w-]{1,64})"[ \t]*\{""")
+HCL_DEFAULT = re.compile(r"""default[ \t]*=[ \t]*(?P<q>")(?P<qv>(?:[^"\\\n]|\\.){1,1024})(?P=q)""")
+HCL_BLOCK_CHARS = 4096
+
+
+def _hcl_variable_default(text: str, pos: int) -> tuple[str, int, int, bool] | None:
+    """(value, start, end, quoted) of the ``default = "..."`` at the top level of the block
+    whose ``{`` ends at ``pos``; None when it has none (nested blocks' attributes, strings
+    and comments are skipped; the search stops at the block's ``}``)."""
+    depth, i, end = 1, pos, min(len(text), pos + HCL_BLOCK_CHARS)
+    line_start = True  # only whitespace since the last newline, "{" or ";"
+    while i < end:
+        c = text[i]
+        if c == '"':
+            j = i + 1
+            while j < end and text[j] not in '"\n':
+                j += 2 if text[j] == "\\" else 1
+            i, line_start = j + 1, False
+            continue
+        if c == "#" or text.startswith("//", i):
+            nl = text.find("\n", i, end)
+            i = end if nl < 0 else nl
+            continue
+        if c == "}":
+            depth -= 1
+            if depth == 0:
+                return None
+        elif c == "{":
+            depth += 1
+        elif depth == 1 and line_start and c == "d" and (m := HCL_DEFAULT.match(text, i, end)):
+            return _value(m)
+        if c == "\n":
+            line_start = True
+        elif not c.isspace():
+            line_start = c in "{;"
+        i += 1
+    return None
 
 
 def _yaml_block(text: str, s: int, e: int) -> tuple[str, int, int, bool] | None:

@@ -221,6 +221,7 @@ def verify_manifest(version_dir: str | Path) -> dict[str, str]:
     manifest = load_manifest(version_dir)
     bad: dict[str, str] = {}
     entries = [*manifest["shards"], *manifest["drops"], *manifest["pii_logs"]]
+    entries += manifest.get("tokens", [])  # present when the build tokenized
     sums = version_dir / "checksums.sha256"
     if sums.is_file():
         listed = dict(reversed(line.split("  ", 1)) for line in sums.read_text().splitlines())

@@ -8,8 +8,10 @@ over them, which ``jaxcore``'s input pipeline (or any Grain user) reads directly
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,15 +21,33 @@ import pyarrow.parquet as pq
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from data.config import TokenizeConfig
+from data.errors import BuildError, DataConfigError
 
 
-def _documents(version_dir: Path) -> Iterator[str]:
-    manifest = json.loads((version_dir / "manifest.json").read_text())
-    for shard in manifest["shards"]:
-        for batch in pq.ParquetFile(version_dir / shard["path"]).iter_batches(
-            256, columns=["content"]
-        ):
+def _documents(version_dir: Path, shards: list[str] | None = None) -> Iterator[str]:
+    if shards is None:
+        shards = [
+            s["path"] for s in json.loads((version_dir / "manifest.json").read_text())["shards"]
+        ]
+    for shard in shards:
+        for batch in pq.ParquetFile(version_dir / shard).iter_batches(256, columns=["content"]):
             yield from batch.column(0).to_pylist()
+
+
+@contextlib.contextmanager
+def _write_errors(path: Path) -> Iterator[None]:
+    """ArrayRecord and tokenizers report a failed write (a full disk, a folder made
+    read-only) as RuntimeError / Exception, not OSError: say what failed and the fix in one
+    line instead of a traceback."""
+    try:
+        yield
+    except OSError:
+        raise  # the CLI words these itself
+    except Exception as e:
+        raise BuildError(
+            f"writing {path} failed: {e}. Fix: free space or fix permissions there, then "
+            "rerun the same command: finished shards are kept"
+        ) from None
 
 
 def train_tokenizer(
@@ -48,29 +68,65 @@ def train_tokenizer(
     return tok
 
 
-def tokenize_snapshot(version_dir: str | Path, config: TokenizeConfig) -> dict[str, Any]:
-    """Train (or load) the tokenizer and write ``tokens/`` ArrayRecord shards + index."""
+def load_tokenizer(config: TokenizeConfig) -> Tokenizer:
+    """The configured ``tokenize.tokenizer``, checked to hold ``tokenize.eos_token`` (the
+    build calls this before curating, so a wrong path fails at once, not after hours)."""
+    try:
+        tok = Tokenizer.from_file(config.tokenizer)
+    except Exception as e:  # tokenizers raises plain Exception for a bad or missing file
+        raise DataConfigError(
+            "tokenize.tokenizer",
+            f"cannot load {config.tokenizer} ({e})",
+            "give the path of a tokenizers JSON file (Tokenizer.save), or leave it empty "
+            "to train one",
+        ) from None
+    if tok.token_to_id(config.eos_token) is None:
+        raise DataConfigError(
+            "tokenize.eos_token",
+            f"the tokenizer {config.tokenizer} has no {config.eos_token!r} token",
+            "set tokenize.eos_token to its end-of-text token",
+        )
+    return tok
+
+
+def tokenize_snapshot(
+    version_dir: str | Path, config: TokenizeConfig, parquet: list[str] | None = None
+) -> dict[str, Any]:
+    """Train (or load) the tokenizer and write ``tokens/`` ArrayRecord shards + index.
+
+    ``parquet`` are the Parquet shards' paths relative to ``version_dir`` (default: the
+    manifest's); the build passes them and tokenizes before its manifest exists, so a
+    crash mid-way leaves no finished-looking snapshot."""
     from array_record.python.array_record_module import ArrayRecordWriter
 
     version_dir = Path(version_dir)
     out = version_dir / "tokens"
     out.mkdir(parents=True, exist_ok=True)
     if config.tokenizer:
-        tok = Tokenizer.from_file(config.tokenizer)
+        tok = load_tokenizer(config)
     else:
         tok = train_tokenizer(
-            _documents(version_dir), config.vocab_size, config.min_frequency, config.eos_token
+            _documents(version_dir, parquet),
+            config.vocab_size,
+            config.min_frequency,
+            config.eos_token,
         )
     tok_path = out / "tokenizer.json"
-    tok.save(str(tok_path))
     eos = tok.token_to_id(config.eos_token)
     if eos is None:
-        raise ValueError(f"tokenizer has no {config.eos_token!r} token (tokenize.eos_token)")
+        raise DataConfigError(
+            "tokenize.eos_token",
+            f"the tokenizer has no {config.eos_token!r} token",
+            "set tokenize.eos_token to its end-of-text token",
+        )
+    with _write_errors(out):
+        tok.save(str(tok_path))
     writers = []
     shards = []
     for i in range(config.num_shards):
         path = out / f"tokens-{i:05d}-of-{config.num_shards:05d}.array_record"
-        writers.append(ArrayRecordWriter(str(path), "group_size:1"))
+        with _write_errors(path):
+            writers.append(ArrayRecordWriter(str(path), "group_size:1"))
         shards.append({"path": path.relative_to(version_dir).as_posix(), "records": 0, "tokens": 0})
     batch: list[str] = []
     n = 0
@@ -80,19 +136,24 @@ def tokenize_snapshot(version_dir: str | Path, config: TokenizeConfig) -> dict[s
         for enc in tok.encode_batch(batch):
             ids = np.asarray([*enc.ids, eos], dtype="<u4")
             s = n % config.num_shards  # round robin: deterministic and balanced
-            writers[s].write(ids.tobytes())
+            with _write_errors(version_dir / shards[s]["path"]):
+                writers[s].write(ids.tobytes())
             shards[s]["records"] += 1
             shards[s]["tokens"] += len(ids)
             n += 1
         batch.clear()
 
-    for text in _documents(version_dir):
+    from data.pipeline import crash_point
+
+    for text in _documents(version_dir, parquet):
         batch.append(text)
         if len(batch) >= 256:
             flush()
     flush()
-    for w in writers:
-        w.close()
+    crash_point("tokens-unindexed")
+    for w, shard in zip(writers, shards, strict=True):
+        with _write_errors(version_dir / shard["path"]):
+            w.close()
     index = {
         "format": "uint32-le token ids per record, eos-terminated",
         "tokenizer": "tokens/tokenizer.json",
@@ -103,7 +164,9 @@ def tokenize_snapshot(version_dir: str | Path, config: TokenizeConfig) -> dict[s
         "records": n,
         "tokens": sum(s["tokens"] for s in shards),
     }
-    (out / "index.json").write_text(json.dumps(index, indent=1, sort_keys=True) + "\n")
+    tmp = out / "index.json.tmp"
+    tmp.write_text(json.dumps(index, indent=1, sort_keys=True) + "\n")
+    os.replace(tmp, out / "index.json")
     return index
 
 

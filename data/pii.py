@@ -183,6 +183,10 @@ PRIVATE_KEY_BLOCK = re.compile(
     r"-----BEGIN ((?:RSA |DSA |EC |OPENSSH |PGP |ENCRYPTED )?PRIVATE KEY(?: BLOCK)?)-----"
     r"[\s\S]*?-----END \1-----"
 )
+# PuTTY's .ppk key file: the private key is the base64 lines after ``Private-Lines: N``
+# (encrypted or not, as an encrypted PEM key is still a key); the public lines are not.
+PUTTY_PRIVATE = re.compile(r"(?m)^Private-Lines:[ \t]*(\d{1,3})[ \t]*\r?\n")
+PUTTY_LINE = re.compile(r"[A-Za-z0-9+/=]{1,128}[ \t]*(?:\r?\n|$)")
 NAME_CONTEXT = re.compile(
     r"(?m)(?:^[ \t]*(?:#|//|\*|;|--|\.\.)?[ \t]*@?"
     r"(?i:author|maintainer|written by|created by|signed-off-by)"
@@ -285,9 +289,27 @@ LOCKFILE = re.compile(
 # PostgreSQL password files: ``host:port:database:user:password`` per line, ``\:`` and
 # ``\\`` escaped; the password is everything after the fourth unescaped colon.
 PGPASS_FILE = re.compile(r"(?:^|/)(?:\.pgpass|pgpass\.conf)$")
+# Rails' encrypted-credentials key files: the whole file is the key (32 hex digits).
+RAILS_KEY_FILE = re.compile(r"(?:^|/)config/(?:master|credentials/[\w.-]+)\.key$")
+RAILS_KEY = re.compile(r"\A\s*([0-9a-f]{32})\s*\Z")
 PGPASS_LINE = re.compile(r"(?m)^(?!#)(?:(?:[^:\\\n]|\\.)*:){4}((?:[^\\\n]|\\.)+)$")
 IMAGE_LINE = re.compile(r"(?i)image|\bfrom\b|docker|container|\btag")
 OID_LINE = re.compile(r"(?i)\boid|object identifier|::=|\basn|\bsnmp|\bmib\b|arc\b")
+
+
+def _putty_private(text: str) -> list[Finding]:
+    """The private base64 lines of a PuTTY ``.ppk`` key file (as one finding)."""
+    m = PUTTY_PRIVATE.search(text)
+    if m is None:
+        return []
+    start = pos = m.end()
+    for _ in range(int(m.group(1))):
+        line = PUTTY_LINE.match(text, pos)
+        if line is None:
+            break
+        pos = line.end()
+    end = len(text[start:pos].rstrip())
+    return [Finding("key", start, start + end, text[start : start + end])] if end else []
 
 
 def luhn_ok(digits: str) -> bool:
@@ -345,6 +367,10 @@ class PIIDetector:
                 Finding("password", m.start(1), m.end(1), m.group(1))
                 for m in PGPASS_LINE.finditer(text)
             ]
+        if "key" in self.types and path and RAILS_KEY_FILE.search(path):
+            m = RAILS_KEY.match(text)
+            if m:
+                found.append(Finding("key", m.start(1), m.end(1), m.group(1)))
         low = text.lower()
         # lower() only ever lengthens a string (e.g. "İ"); equal length = same offsets.
         self._low: str | None = low if len(low) == len(text) else None
@@ -388,6 +414,8 @@ class PIIDetector:
                 Finding("key", m.start(), m.end(), m.group(0))
                 for m in PRIVATE_KEY_BLOCK.finditer(text)
             ]
+        if text.startswith("PuTTY-User-Key-File-"):
+            out += _putty_private(text)
         out += [Finding("key", s, e, v) for s, e, v in twilio_auth_tokens(text)]
         folded: str | None = None
         for kp in _provider_patterns():

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 # Cheap scans that find the lines worth the full patterns (PII is rare in code: most
 # lines never reach the expensive regexes; measured 5x faster on site-packages).
 # Keywords that must appear on a line for the secret / name patterns to be tried there.
-SECRET_WORDS = ("pass", "pwd", "pw", "token", "secret", "key", "cred", "auth", "sig=",
+SECRET_WORDS = ("pass", "pwd", "pw", "token", "secret", "key", "cred", "auth", "sig=", "salt",
                 "bearer", "login", "logon", "signin", "sign_in", "connect", "bind",
                 "identified", "pdo", "://", "@tcp(", "@unix(", " -p", " -a", " -w",
                 "curl", "-u")  # fmt: skip

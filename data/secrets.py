@@ -17,6 +17,7 @@ secrets. Provider formats are the providers' documented ones as collected by git
 
 from __future__ import annotations
 
+import collections
 import functools
 import math
 import re
@@ -60,6 +61,7 @@ PROVIDER_PATTERNS = [
         r"\bdp\.pt\.[a-z0-9]{43}\b",  # doppler-api-token
         r"\blin_api_[a-z0-9]{40}\b",  # linear-api-key
         r"\bPMAK-[a-f0-9]{24}-[a-f0-9]{34}\b",  # postman-api-token
+        r"\bNRAK-[A-Z0-9]{27}\b",  # new-relic-user-api-key
         r"\bAGE-SECRET-KEY-1[02-9AC-HJ-NP-Z]{58}\b",  # age-secret-key
         r"\beyJ[\w-]{8,}\.eyJ[\w-]{8,}\.[\w-]{16,}",  # jwt
     )
@@ -96,6 +98,7 @@ PROVIDER_HINTS = (
     "dp.pt.",
     "lin_api_",
     "PMAK-",
+    "NRAK-",
     "AGE-SECRET-KEY-1",
     "eyJ",
 )
@@ -130,6 +133,7 @@ SECRET_PARTS = frozenset(
         "sas",
         "signature",
         "sig",
+        "salt",
     }
 )
 # Key names written in one lowercase word, which `_PARTS` cannot split (docker's
@@ -173,6 +177,87 @@ KEY_QUALIFIERS = frozenset(
         "storage",
         "maps",
         "google",
+    }
+)
+# "<x> key" names of keys that are not credentials: a database's, a cache's, a map's,
+# a key pair's public half, a keyboard's.
+DATA_KEY_QUALIFIERS = frozenset(
+    {
+        "public",
+        "publishable",
+        "pub",
+        "primary",
+        "foreign",
+        "sort",
+        "partition",
+        "range",
+        "hash",
+        "cache",
+        "lookup",
+        "group",
+        "idempotency",
+        "dedup",
+        "row",
+        "object",
+        "bucket",
+        "dict",
+        "map",
+        "i18n",
+        "translation",
+        "label",
+        "message",
+        "sorting",
+        "unique",
+        "composite",
+        "natural",
+        "surrogate",
+        "shortcut",
+        "hot",
+        "keyboard",
+        "media",
+        "state",
+        "storage",
+        "local",
+        "cursor",
+        "page",
+        "next",
+        "last",
+        "start",
+        "end",
+        "continuation",
+        "routing",
+        "shard",
+        "dataset",
+        "column",
+        "field",
+        "attribute",
+        "attr",
+        "property",
+        "prop",
+        "config",
+        "setting",
+        "settings",
+        "lang",
+        "locale",
+        "metric",
+        "metrics",
+        "event",
+        "node",
+        "parent",
+        "child",
+        "item",
+        "list",
+        "react",
+        "render",
+        "query",
+        "request",
+        "response",
+        "result",
+        "s3",
+        "self",
+        "this",
+        "socket",
+        "websocket",
     }
 )
 # Parts that make a name describe a secret rather than hold one (a path, a length, a type).
@@ -345,6 +430,8 @@ def name_kind(name: str) -> str | None:
     for i, p in enumerate(parts):
         if p == "key" and i > 0 and parts[i - 1] in KEY_QUALIFIERS:
             return "key"
+    if len(parts) > 1 and parts[-1] == "key" and parts[-2] not in DATA_KEY_QUALIFIERS:
+        return "key"  # analyticsKey, MAPBOX_KEY: a key by its name; the value is judged
     return None
 
 
@@ -505,12 +592,17 @@ def password_value_ok(value: str, name: str = "") -> bool:
     return not v.isdigit() or len(v) >= 8
 
 
-def key_value_ok(value: str, hexbar: float = 3.0, b64bar: float = 4.0) -> bool:
-    """Whether a value assigned to a key/token/secret name is secret-looking (entropy)."""
+def key_value_ok(value: str, hexbar: float = 3.0, b64bar: float = 4.0, min_hex: int = 32) -> bool:
+    """Whether a value assigned to a key/token/secret name is secret-looking (entropy).
+    ``min_hex``: the shortest all-hex value taken (an explicit secret name takes 20:
+    Pusher's app secret)."""
     v = value.strip()
-    if not 16 <= len(v) <= 1024 or " " in v or is_reference_or_placeholder(v):
+    if not 16 <= len(v) <= 1024 or is_reference_or_placeholder(v):
         return False
-    if IDENTIFIER.match(v) or CAMEL_WORDS.match(v) or not any(c.isalpha() for c in v):
+    if " " in v and not _spaced_key_ok(v):
+        return False
+    name = v.lstrip("_")  # _BoundaryOrderKey: a private name
+    if IDENTIFIER.match(name) or CAMEL_WORDS.match(name) or not any(c.isalpha() for c in v):
         return False
     letters = [c for c in v if c.isalpha()]
     if (
@@ -520,10 +612,20 @@ def key_value_ok(value: str, hexbar: float = 3.0, b64bar: float = 4.0) -> bool:
     ):
         return False  # one-case words (my-ssh-key, users_list): names, not secrets
     hexlike = re.fullmatch(r"[0-9a-fA-F]+", v) is not None
-    if hexlike and len(v) < 32:
+    if hexlike and len(v) < min_hex:
         return False  # under 128 bits of hex: ids and short hashes
     bar = min(hexbar if hexlike else b64bar, 0.8 * math.log2(len(v)))
     return shannon_entropy(v) >= bar
+
+
+def _spaced_key_ok(v: str) -> bool:
+    """A long random value that happens to hold spaces (WordPress's salts draw from 92
+    characters, the space one of them), not words: prose stays near 4 bits a character.
+    (Over every character: detect-secrets' entropy counts only the base64 alphabet.)"""
+    if len(v) < 40 or v.count(" ") > len(v) // 8:
+        return False
+    counts = collections.Counter(v).values()
+    return -sum(c / len(v) * math.log2(c / len(v)) for c in counts) >= 5.0
 
 
 def provider_value_ok(value: str) -> bool:
@@ -555,7 +657,12 @@ def twilio_auth_tokens(text: str) -> Iterator[tuple[int, int, str]]:
 
 
 # -- syntaxes ----------------------------------------------------------------------------
-_Q = r"""(?P<q>["'`])(?P<qv>[^"'`\n]{1,1024})(?P=q)"""
+# A shell parameter expansion's error message or alternate value (``${NAME:?msg}``,
+# ``${NAME:+alt}``); its default (``${NAME:-pw}``) is a value and is judged as one.
+SHELL_NO_VALUE = re.compile(r":?[?+]")
+# A quoted value holds any character but its own quote: WordPress salts hold backticks
+# and the other quote (``'...`...'``).
+_Q = r"""(?P<q>["'`])(?P<qv>(?:(?!(?P=q))[^\n]){1,1024})(?P=q)"""
 _BARE = r"""(?P<bv>[^\s"'`<>\[\]{}|]{1,1024})"""
 # String-literal prefixes: Python/Rust b"" r"" u"", C# @"" $"", Objective-C @"", C++ R"()".
 _PREFIX = r"(?:[bruBRU]{1,2}|@|\$@?|L|u8)"
@@ -599,7 +706,7 @@ ELEMENT_TAIL = re.compile(r">(?P<bv>[^<>\s]{3,1024})</")
 # <add key="ApiKey" value="x"/>, <property name="db.password" value="x"/>
 KEYVALUE_TAIL = re.compile(r"""["']\s+value\s*=\s*["'](?P<bv>[^"']{1,1024})["']""")
 KEYVALUE_HEAD = re.compile(r"""\b(?:key|name)\s*=\s*["']$""")
-TRIGGER = re.compile(r"pass|pwd|pw|token|secret|key|cred|auth|sig|sas")
+TRIGGER = re.compile(r"pass|pwd|pw|token|secret|key|cred|auth|sig|sas|salt")
 _NAME_CHARS = frozenset(string.ascii_letters + string.digits + "_.-")
 # .netrc: machine host login user password value
 NETRC = re.compile(r"\blogin\s+\S+\s+password\s+(?P<bv>\S+)")
@@ -685,6 +792,8 @@ def _value(m: re.Match[str], query: bool = False) -> tuple[str, int, int, bool] 
     gd = m.groupdict()
     if gd.get("qv") is not None:
         v, start = m.group("qv"), m.start("qv")
+        if m.group("q") == "`" and ('"' in v or "'" in v):
+            return None  # a Markdown code span quoting code (Pass `"tanh"`), not a value
         before = m.string[m.start("q") - 1 : m.start("q")]
         if v.endswith("\\") and before == "\\":
             v = v[:-1]  # \"value\" inside a string literal
@@ -830,6 +939,8 @@ def _named_secrets(text: str, s: int, e: int, low: str) -> Iterator[Hit]:
         if kind is None:
             continue
         before = text[a - 1] if a > s else ""
+        if before == "{" and text[a - 2 : a] == "${" and SHELL_NO_VALUE.match(text, b, e):
+            continue  # ${DB_PASSWORD:?set it}: a message for an unset variable, no value
         if before == "-":
             yield from _judge(kind, _value_at(FLAG_TAIL, text, b, e), name)
             continue
@@ -949,6 +1060,9 @@ def _dsl_ok(text: str, line_start: int, start: int) -> bool:
     )
 
 
+_SECRET_WORD = re.compile(r"(?i)secret|token")
+
+
 def _judge(kind: str | None, val: tuple[str, int, int, bool] | None, name: str) -> Iterator[Hit]:
     if kind is None or val is None:
         return
@@ -956,5 +1070,7 @@ def _judge(kind: str | None, val: tuple[str, int, int, bool] | None, name: str) 
     if kind == "password":
         if password_value_ok(v, name):
             yield "password", start, end, v
-    elif key_value_ok(v):
+    elif "salt" in name.lower() and len(v) < 32:
+        return  # salt = "autotune-cache-v2": a namespace; WordPress's salts are 64 random
+    elif key_value_ok(v, min_hex=20 if _SECRET_WORD.search(name) else 32):
         yield "key", start, end, v

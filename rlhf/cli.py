@@ -198,7 +198,15 @@ def _settings(cfg: RunConfig) -> dict[str, Any]:
             flat[prefix] = value
 
     walk("", json.loads(json.dumps(dataclasses.asdict(cfg), default=str)))
+    for key, off in _RECORDED_WHEN_SET.items():
+        if flat.get(key) == off:
+            del flat[key]
     return flat
+
+
+# Settings added after runs already recorded theirs: left out at their default, so the
+# run.json of a run started before they existed still matches its rerun.
+_RECORDED_WHEN_SET = {"model_hf": None, "loss.reference_free": False}
 
 
 def check_out(cfg: RunConfig) -> None:
@@ -353,7 +361,11 @@ def _records(cfg: RunConfig, keys: tuple[str, ...]) -> tuple[list[dict], list[di
             vocab=cfg.model.vocab_size,
         )
     _check_records(
-        records, keys, cfg.model, f"data.path {d.path}" if d.path else "data (synthetic)"
+        records,
+        keys,
+        cfg.model,
+        f"data.path {d.path}" if d.path else "data (synthetic)",
+        row=cfg.loss.length + 1 if cfg.stage == "sft" else None,
     )
     if len(records) <= d.held_out:
         raise ConfigError(
@@ -362,10 +374,13 @@ def _records(cfg: RunConfig, keys: tuple[str, ...]) -> tuple[list[dict], list[di
     return records[: -d.held_out or None], records[len(records) - d.held_out :]
 
 
-def _check_records(records: list[dict], keys: tuple[str, ...], model: Any, where: str) -> None:
+def _check_records(
+    records: list[dict], keys: tuple[str, ...], model: Any, where: str, row: int | None = None
+) -> None:
     """Every id in ``[0, vocab_size)`` and prompt + answer within ``max_seq_len`` (an id
-    outside the vocabulary embeds as NaN; a longer row is past the model's context).
-    ``where`` names the records' source in errors."""
+    outside the vocabulary embeds as NaN; a longer row is past the model's context), and
+    for SFT within ``row`` (``loss.length + 1``, one packed row). ``where`` names the
+    records' source in errors."""
     vocab, limit = model.vocab_size, model.max_seq_len
     for i, rec in enumerate(records, 1):
         for k in keys:
@@ -381,6 +396,11 @@ def _check_records(records: list[dict], keys: tuple[str, ...], model: Any, where
                 raise ConfigError(
                     f"{where}: record {i}: {keys[0]} + {k} is {n} tokens; model.max_seq_len "
                     f"is {limit}. Shorten or drop the record, or raise max_seq_len."
+                )
+            if row is not None and n > row:
+                raise ConfigError(
+                    f"{where}: record {i}: {keys[0]} + {k} is {n} tokens; an SFT row holds "
+                    f"loss.length + 1 = {row}. Raise loss.length, or shorten or drop the record."
                 )
 
 
@@ -474,7 +494,7 @@ def run_supervised(
     from jaxcore import Preempted
     from rlhf.dpo import dpo_objective, with_reference
     from rlhf.layout import copy_role
-    from rlhf.models import lm_factory, scalar_head_factory
+    from rlhf.models import scalar_head_factory
     from rlhf.reward import reward_loss
     from rlhf.sft import pack, sft_loss
 
@@ -488,7 +508,7 @@ def run_supervised(
                 [(r["prompt"], r["completion"]) for r in recs], loss.length, packing=loss.packing
             )
 
-        factory, loss_fn = lm_factory(cfg.model), sft_loss()
+        factory, loss_fn = _policy_factory(cfg, engine), sft_loss()
         train_b = _batches(rows(train), t.batch_size, "data (train rows)")
         held_b = _batches(rows(held), t.batch_size, "data.held_out (rows)")
     else:
@@ -501,11 +521,16 @@ def run_supervised(
                 reward_loss(center_coef=loss.center_coef),
             )
         else:
-            factory = lm_factory(cfg.model)
-            loss_fn = dpo_objective(beta=loss.beta, label_smoothing=loss.label_smoothing)
+            factory = _policy_factory(cfg, engine)
+            loss_fn = dpo_objective(
+                beta=loss.beta,
+                label_smoothing=loss.label_smoothing,
+                reference_free=loss.reference_free,
+            )
     train_b, held_b = _local_rows(engine, train_b), _local_rows(engine, held_b)
     state = engine.prepare(factory, _optimizer(t.lr), seed=t.seed)
-    if cfg.stage == "dpo":  # reference log-probs once, from a copy (steps donate state)
+    # DPO: reference log-probs once, from a copy (steps donate state); none reference-free.
+    if cfg.stage == "dpo" and not loss.reference_free:
         reference = copy_role(state)
         train_b = with_reference(engine, reference, train_b)
         held_b = with_reference(engine, reference, held_b)
@@ -536,6 +561,18 @@ def run_supervised(
     if _is_primary():  # the final checkpoint (saved by every process) supersedes it
         shutil.rmtree(out / RESUME_DIR, ignore_errors=True)
     return held_metrics
+
+
+def _policy_factory(cfg: RunConfig, engine: Any) -> Any:
+    """The SFT / DPO policy: ``model.hf``'s checkpoint read onto ``engine``'s mesh (each
+    process its slices, `jaxcore.hf.model_factory`), else a fresh `lm_factory` model."""
+    from rlhf.models import lm_factory
+
+    if cfg.model_hf is None:
+        return lm_factory(cfg.model)
+    from jaxcore import hf
+
+    return hf.model_factory(cfg.model_hf, engine)
 
 
 def _joined() -> bool:

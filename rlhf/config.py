@@ -82,8 +82,9 @@ class DataSection:
     (SFT) or ``{"prompt", "chosen", "rejected"}`` (reward, DPO) token-id lists, or ``n``
     synthetic records (`rlhf.tasks.synthetic_records`) where chosen completions are rich
     in ``token``. ``held_out`` records are kept for the final evaluation. ``tokenizer``
-    (a ``tokenizer.json`` file or its folder) lets ``path`` hold text and TRL's chat
-    records instead of ids (`rlhf.tasks.read_jsonl`)."""
+    (a ``tokenizer.json`` file or its folder; by default ``model.hf``'s when it holds
+    one) lets ``path`` (JSONL, or Parquet when it ends in ``.parquet``) hold text and
+    TRL's chat records instead of ids (`rlhf.tasks.read_jsonl`)."""
 
     path: str | None = None
     tokenizer: str | None = None
@@ -115,11 +116,13 @@ class RewardSpec:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class LossSection:
-    """SFT/reward/DPO loss options: DPO ``beta``, ``label_smoothing``; reward
+    """SFT/reward/DPO loss options: DPO ``beta``, ``label_smoothing``,
+    ``reference_free`` (TRL's: no reference model, its log-probs taken as 0); reward
     ``center_coef``; SFT ``packing`` and ``length`` (tokens per row)."""
 
     beta: float = 0.1
     label_smoothing: float = 0.0
+    reference_free: bool = False
     center_coef: float | None = None
     packing: bool = True
     length: int = 24
@@ -143,6 +146,9 @@ class RunConfig:
     lora: LoRAConfig | None = None
     split: SplitConfig | None = None
     reward: RewardModelSection | None = None  # a trained reward model (PPO/GRPO)
+    # ``model: {hf: DIR}``: the Hugging Face checkpoint SFT / DPO start from (``model`` is
+    # then its config.json as a `TransformerConfig`).
+    model_hf: str | None = None
 
 
 SECTIONS: dict[str, type] = {
@@ -273,7 +279,24 @@ def parse_config(stage: str, raw: Any) -> RunConfig:
     for key in ("model", "train"):
         if key not in raw:
             raise ConfigError(f"{key}: missing section (required for every stage).")
+    raw = dict(raw)
+    hf_dir = _hf_model(stage, raw.get("model"))
+    if hf_dir is not None:
+        raw.pop("model")
     fields = {k: build(SECTIONS[k], v, k) for k, v in raw.items() if k in SECTIONS}
+    if hf_dir is not None:
+        from jaxcore.hf import config_from_hf
+
+        try:
+            fields["model"] = config_from_hf(hf_dir)
+        except ConfigError as e:
+            raise ConfigError(f"model.hf: {e}") from None
+        fields["model_hf"] = hf_dir
+        data = fields.get("data") or DataSection()
+        if data.tokenizer is None and (pathlib.Path(hf_dir) / "tokenizer.json").is_file():
+            # The checkpoint's own tokenizer reads text records, as TRL's
+            # AutoTokenizer.from_pretrained(model_name_or_path) does.
+            fields["data"] = dataclasses.replace(data, tokenizer=hf_dir)
     rewards = raw.get("rewards", [])
     if not isinstance(rewards, list):
         raise ConfigError("rewards: expected a list of {fn: 'module:name', weight: ...}.")
@@ -286,6 +309,31 @@ def parse_config(stage: str, raw: Any) -> RunConfig:
     _check_layout(stage, raw, fields)
     _check_synthetic_ids(stage, fields)
     return RunConfig(stage=stage, **fields)
+
+
+HF_STAGES = ("sft", "dpo")
+
+
+def _hf_model(stage: str, model: Any) -> str | None:
+    """The directory of ``model: {hf: DIR}`` (a Hugging Face checkpoint that SFT and DPO
+    start from, as TRL's ``model_name_or_path``), else None."""
+    if not (isinstance(model, dict) and "hf" in model):
+        return None
+    if set(model) != {"hf"}:
+        extra = sorted(set(model) - {"hf"})
+        raise ConfigError(
+            f"model.hf with model.{extra[0]}: the checkpoint's config.json sets the model; "
+            "remove the other model keys (or model.hf for a model from scratch)."
+        )
+    if stage not in HF_STAGES:
+        raise ConfigError(
+            f"model.hf: {stage} cannot start from a Hugging Face checkpoint yet (sft and dpo "
+            "can); export the SFT/DPO run's checkpoint with `jaxcore export --hf` to use "
+            "it elsewhere."
+        )
+    if not isinstance(model["hf"], str):
+        raise ConfigError(f"model.hf: expected a str (a model directory), got {model['hf']!r}.")
+    return model["hf"]
 
 
 def _check_synthetic_ids(stage: str, fields: dict) -> None:

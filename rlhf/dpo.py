@@ -85,8 +85,13 @@ def _host_rows(engine: Engine, x: jax.Array) -> np.ndarray:
     return full[lo:hi]
 
 
-def dpo_objective(*, beta: float = 0.1, label_smoothing: float = 0.0) -> Callable:
-    """A jaxcore ``loss_fn``: the sigmoid DPO loss on batches from `with_reference`."""
+def dpo_objective(
+    *, beta: float = 0.1, label_smoothing: float = 0.0, reference_free: bool = False
+) -> Callable:
+    """A jaxcore ``loss_fn``: the sigmoid DPO loss on batches from `with_reference`.
+
+    ``reference_free`` (TRL's ``reference_free=True``): the reference is a uniform model
+    whose log-probs are 0, so batches need no ``ref_*`` arrays (no reference pass)."""
     if not beta > 0:
         raise ConfigError(
             f"DPO beta={beta}: must be > 0 (loss.beta in a config; TRL's default is 0.1): "
@@ -100,13 +105,14 @@ def dpo_objective(*, beta: float = 0.1, label_smoothing: float = 0.0) -> Callabl
 
     def loss_fn(model, batch, rng):
         del rng
-        _check(batch, (*DPO_KEYS, "ref_chosen", "ref_rejected"))
+        _check(batch, DPO_KEYS if reference_free else (*DPO_KEYS, "ref_chosen", "ref_rejected"))
         chosen, rejected = _pair_logprobs(model, batch)
+        zero = jnp.zeros_like(chosen)
         loss, stats = dpo_loss(
             chosen,
             rejected,
-            batch["ref_chosen"],
-            batch["ref_rejected"],
+            zero if reference_free else batch["ref_chosen"],
+            zero if reference_free else batch["ref_rejected"],
             beta=beta,
             label_smoothing=label_smoothing,
         )

@@ -28,7 +28,8 @@ def chat_example(
 ) -> tuple[list[int], list[int]]:
     """``(prompt_ids, completion_ids)`` from chat messages: every message but the last,
     rendered by the tokenizer's chat template with the generation prompt, and the last
-    (assistant) message's content as the completion.
+    (assistant) message as the template renders it after them (`answer_ids`: its content
+    and the template's end-of-turn tokens, as TRL trains them).
 
     ``tokenizer``: an object with ``apply_chat_template`` (returning text) and ``encode``,
     or anything `jaxcore.load_tokenizer` takes (a ``tokenizer.json`` path or its folder, a
@@ -47,7 +48,27 @@ def chat_example(
             f"(got roles {[m.get('role') for m in messages]})."
         )
     prompt = tokenizer.apply_chat_template(list(messages[:-1]), add_generation_prompt=True)
-    return tokenizer.encode(prompt), tokenizer.encode(messages[-1]["content"])
+    return tokenizer.encode(prompt), answer_ids(tokenizer, messages[:-1], messages[-1:])
+
+
+def answer_ids(
+    tokenizer: Any, prompt: Sequence[Mapping[str, Any]], answer: Sequence[Mapping[str, Any]]
+) -> list[int]:
+    """The ids of ``answer`` (assistant messages) as the chat template renders them after
+    ``prompt``: the text of ``prompt + answer`` past ``prompt`` rendered with the
+    generation prompt, so the template's end-of-turn tokens (ChatML's ``<|im_end|>``) are
+    part of the answer, as TRL's prompt-completion tokenization makes them. Where the
+    template does not render the prompt as a prefix (one that rewrites earlier turns), or
+    there is no prompt, the answer is its content. An answer with no content is ``[]``."""
+    content = "".join(str(m.get("content") or "") for m in answer)
+    if not content:
+        return []
+    if prompt:
+        head = tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True)
+        full = tokenizer.apply_chat_template([*prompt, *answer], add_generation_prompt=False)
+        if full.startswith(head) and len(full) > len(head):
+            return tokenizer.encode(full[len(head) :])
+    return tokenizer.encode(content)
 
 
 def pack(
@@ -62,7 +83,10 @@ def pack(
 
     Greedy first-fit in the given order; ``eos_id`` (if any) ends each completion and is
     trained on. An example longer than a row raises `ConfigError` (truncating it would
-    silently train on a cut answer).
+    silently train on a cut answer). Positions restart per example but the model's
+    attention is causal over the whole row, so a packed example also attends to the
+    examples before it (TRL's ``packing_strategy="wrapped"``); ``packing=False`` puts one
+    example in each row.
     """
     rows: list[tuple[list[int], list[float], list[int]]] = []
     for prompt, completion in examples:

@@ -70,37 +70,118 @@ def read_jsonl(
     where: str = "data.path",
     tokenizer: str | None = None,
 ) -> list[dict[str, list[int]]]:
-    """Records from a JSONL file; each line must hold ``keys`` as lists of token ids
-    (other keys are ignored). ``where`` names the config field in errors.
+    """Records from a JSONL file (or a Parquet file, ``*.parquet``, as ``datasets``'
+    ``to_parquet`` writes); each record must hold ``keys`` as lists of token ids (other
+    keys are ignored). ``where`` names the config field in errors; an answer (every key
+    after the first) must hold at least one token.
 
     With ``tokenizer`` (``data.tokenizer``: a ``tokenizer.json`` file or its folder) a
     field may also be text, and TRL's conversational records are read: an SFT line
     ``{"messages": [...]}`` (`rlhf.sft.chat_example`), a prompt given as messages
     (rendered by the chat template with the generation prompt) and an answer as
-    assistant messages (their content)."""
+    assistant messages: what the template renders after the prompt (so the template's
+    end-of-turn tokens are trained, as TRL does). Preference records may leave the prompt
+    implicit: ``chosen`` and ``rejected`` as whole conversations, the messages they share
+    being the prompt (TRL's ``maybe_extract_prompt``)."""
     path = pathlib.Path(path)
     if not path.is_file():
         raise ConfigError(f"{where} {path}: no such file.")
     encode = _Encoder(tokenizer, where)
     out = []
-    for i, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ConfigError(
-                f"{path}:{i}: not valid JSON ({e}); write one object a line."
-            ) from None
+    for at, rec in _raw_records(path):
         if not isinstance(rec, dict):
-            raise ConfigError(f"{path}:{i}: expected a JSON object with {keys}, got {rec!r}.")
+            raise ConfigError(f"{at}: expected a JSON object with {keys}, got {rec!r}.")
         if keys == ("prompt", "completion") and "messages" in rec and "prompt" not in rec:
-            rec = encode.chat(rec["messages"], f"{path}:{i}")
+            rec = encode.chat(rec["messages"], at)
+        elif len(keys) == 3 and keys[0] not in rec:
+            rec = _implicit_prompt(rec, keys)
         missing = [k for k in keys if k not in rec]
         if missing:
-            raise ConfigError(f"{path}:{i}: record lacks {missing}; each line needs {keys}.")
-        out.append({k: encode(rec[k], prompt=k == keys[0], at=f"{path}:{i}: {k}") for k in keys})
+            raise ConfigError(f"{at}: record lacks {missing}; each line needs {keys}.")
+        _check_one_format(rec, keys, at)
+        prompt = rec[keys[0]]
+        row = {keys[0]: encode(prompt, prompt=True, at=f"{at}: {keys[0]}")}
+        for k in keys[1:]:
+            ids = encode(rec[k], prompt=False, at=f"{at}: {k}", after=prompt)
+            if not ids:
+                raise ConfigError(
+                    f"{at}: {k} is empty; an answer needs at least one token to train on. "
+                    "Drop the record or write its answer."
+                )
+            row[k] = ids
+        out.append(row)
     return out
+
+
+def _raw_records(path: pathlib.Path) -> Any:
+    """``(where, record)`` for each record of a JSONL or Parquet file; ``where`` is
+    ``file:line`` (JSONL, blank lines skipped) or ``file: row N`` (Parquet)."""
+    if path.suffix == ".parquet":
+        try:
+            import pyarrow.parquet as pq
+
+            rows = pq.read_table(path).to_pylist()
+        except Exception as e:  # ArrowInvalid and friends: a torn or foreign file
+            raise ConfigError(
+                f"{path}: not a readable Parquet file ({type(e).__name__}: {e}); write it "
+                "with datasets' to_parquet or pyarrow, or use JSONL (one object a line)."
+            ) from None
+        for i, rec in enumerate(rows, 1):
+            yield f"{path}: row {i}", rec
+        return
+    with path.open("rb") as f:
+        for i, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise ConfigError(
+                    f"{path}:{i}: not UTF-8 text ({e.reason} at byte {e.start}); a JSONL "
+                    "file holds one JSON object a line (Parquet files end in .parquet)."
+                ) from None
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise ConfigError(
+                    f"{path}:{i}: not valid JSON ({e}); write one object a line."
+                ) from None
+            yield f"{path}:{i}", rec
+
+
+def _check_one_format(rec: dict, keys: tuple[str, ...], at: str) -> None:
+    """A record's fields are all chat messages or all text (token ids go with either):
+    TRL reads a record as conversational or not, and a text answer to a chat prompt
+    would lose the template's end-of-turn tokens."""
+    kinds = {k: "chat messages" if _messages(rec[k]) else "text" for k in keys if _kind(rec[k])}
+    if len(set(kinds.values())) > 1:
+        a = next(iter(kinds))
+        b = next(k for k in kinds if kinds[k] != kinds[a])
+        ka, kb = kinds[a], kinds[b]
+        raise ConfigError(
+            f"{at}: {a} is {ka} but {b} is {kb}; write every field of a record as chat "
+            "messages (answers as assistant messages) or every one as text, as TRL reads them."
+        )
+
+
+def _kind(value: Any) -> bool:
+    return isinstance(value, str) or _messages(value)
+
+
+def _implicit_prompt(rec: dict, keys: tuple[str, ...]) -> dict:
+    """TRL's implicit-prompt preference record: ``chosen`` and ``rejected`` whole
+    conversations whose shared leading messages are the prompt (as TRL's
+    ``maybe_extract_prompt``). Anything else is returned as it is, to be refused."""
+    _, a, b = keys
+    chosen, rejected = rec.get(a), rec.get(b)
+    if not (_messages(chosen) and _messages(rejected)):
+        return rec
+    n = 0
+    while n < min(len(chosen), len(rejected)) - 1 and chosen[n] == rejected[n]:
+        n += 1
+    if n == 0:
+        return rec
+    return {**rec, keys[0]: chosen[:n], a: chosen[n:], b: rejected[n:]}
 
 
 def _token_ids(value: Any) -> bool:
@@ -149,13 +230,13 @@ class _Encoder:
         prompt, completion = chat_example(self._load(), messages)
         return {"prompt": prompt, "completion": completion}
 
-    def __call__(self, value: Any, *, prompt: bool, at: str) -> list[int]:
+    def __call__(self, value: Any, *, prompt: bool, at: str, after: Any = None) -> list[int]:
         if _token_ids(value):
             return list(value)
         if self._spec is not None and isinstance(value, str):
             return self._load().encode(value)
         if self._spec is not None and _messages(value):
-            return self._conversation(value, prompt, at)
+            return self._conversation(value, prompt, at, after)
         got = type(value).__name__ if not isinstance(value, list) else repr(value)[:80]
         kinds = "token ids, text or chat messages" if self._spec else "token ids"
         raise ConfigError(
@@ -163,9 +244,12 @@ class _Encoder:
             f"integer ids{self._hint}."
         )
 
-    def _conversation(self, messages: list[dict], prompt: bool, at: str) -> list[int]:
+    def _conversation(self, messages: list[dict], prompt: bool, at: str, after: Any) -> list[int]:
         """A prompt's messages rendered by the chat template (with the generation prompt);
-        an answer's assistant messages as their content."""
+        an answer's assistant messages as the template renders them after the prompt
+        (``after``, when that is messages too), else as their content."""
+        from rlhf.sft import answer_ids
+
         tokenizer = self._load()
         if prompt:
             return tokenizer.encode(tokenizer.apply_chat_template(messages))
@@ -175,4 +259,4 @@ class _Encoder:
                 f"{at}: an answer's messages must all be the assistant's (got roles "
                 f"{roles}); the conversation before it belongs in the prompt."
             )
-        return tokenizer.encode("".join(str(m.get("content", "")) for m in messages))
+        return answer_ids(tokenizer, after if _messages(after) else [], messages)

@@ -76,7 +76,8 @@ def test_prompt_tokens_carry_zero_loss_weight():
 def test_chat_example_needs_an_assistant_answer():
     class Tok:
         def apply_chat_template(self, messages, add_generation_prompt=True):
-            return "".join(f"<{m['role']}>{m['content']}" for m in messages) + "<assistant>"
+            text = "".join(f"<{m['role']}>{m['content']}" for m in messages)
+            return text + ("<assistant>" if add_generation_prompt else "")
 
         def encode(self, text):
             return [ord(c) % VOCAB for c in text]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import pathlib
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -222,6 +223,9 @@ class RunConfig:
         return dataclasses.asdict(self)
 
 
+_FLOAT = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
 def _coerce(tp: Any, value: Any, key: str) -> Any:
     """``value`` as type ``tp`` (ints are floats; lists are tuples); else a ConfigError."""
     origin = typing.get_origin(tp)
@@ -233,6 +237,10 @@ def _coerce(tp: Any, value: Any, key: str) -> Any:
         (inner, _) = typing.get_args(tp)
         return tuple(_coerce(inner, v, f"{key}[]") for v in value)
     if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp is float and isinstance(value, str) and _FLOAT.fullmatch(value.strip()):
+        # PyYAML follows YAML 1.1, where ``1e-3`` (no dot) is a string; YAML 1.2, JSON
+        # and Python read it as a number, and so does a user writing a learning rate.
         return float(value)
     if tp is dict and isinstance(value, dict):
         return value
@@ -286,7 +294,10 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
                 )
             node[p] = dict(inner)
             node = node[p]
-        node[parts[-1]] = yaml.safe_load(text)
+        try:
+            node[parts[-1]] = yaml.load(text, Loader=_StrictLoader)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"--set {item!r}: the value is not valid YAML ({e})") from None
     return out
 
 
@@ -307,13 +318,38 @@ def parse_run_config(
     return dataclasses.replace(cfg, run_dir=str(base / cfg.run_dir), data=data)
 
 
+class _StrictLoader(yaml.SafeLoader):
+    """PyYAML's safe loader refusing a key written twice in one mapping (PyYAML keeps the
+    last silently, so ``lr:`` twice would train with whichever came last)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise ConfigError(
+                    f"run config: key {key!r} appears twice in one mapping (lines {seen[key]} "
+                    f"and {line}); keep one of them"
+                )
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_run_config(path: str | pathlib.Path, overrides: list[str] = ()) -> RunConfig:
     """Read and validate a run YAML file (see `parse_run_config`)."""
     path = pathlib.Path(path)
     if not path.is_file():
         raise ConfigError(f"run config {path} does not exist; try configs/demo.yaml")
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = yaml.load(path.read_text(), Loader=_StrictLoader)
     except yaml.YAMLError as e:
         raise ConfigError(f"run config {path}: not valid YAML ({e})") from e
+    except ConfigError as e:
+        raise ConfigError(f"{e} ({path})") from None
+    if raw is None:
+        raise ConfigError(
+            f"run config {path} is empty; write at least name: and run_dir: (every other "
+            "key has a default), e.g. copy configs/demo.yaml"
+        )
     return parse_run_config(raw, ".", overrides)

@@ -3,10 +3,11 @@
 Each phase is a function ``(ctx) -> dict`` (its output, JSON). A finished phase writes
 ``<run_dir>/phases/<name>.json`` with its output and a fingerprint of what it depended on
 (its config sections and the outputs of the phases before it); a later run with the same
-fingerprint skips it and reuses the output. A phase interrupted before its record is
-written runs again: the data build resumes from its shard markers, and the train and
-search experiments are reattached in the store, so their trials restart from their latest
-checkpoints (the experiments package's resume).
+fingerprint skips it and reuses the output, unless the files it names changed since
+(`stale_reason`). A phase interrupted before its record is written runs again: the data
+build resumes from its shard markers, and the train and search experiments are
+reattached in the store when their settings are unchanged, so their trials restart from
+their latest checkpoints (the experiments package's resume); one that finished is reused.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import json
 import os
 import pathlib
 import time
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -82,9 +84,56 @@ def fingerprint(config: RunConfig, phase: str, outputs: dict[str, dict]) -> str:
     return _hash(
         {
             "sections": {s: raw[s] for s in sections},
-            "upstream": {p: outputs.get(p) for p in before},
+            "upstream": {p: _result(outputs.get(p)) for p in before},
         }
     )
+
+
+def stale_reason(config: RunConfig, phase: str, output: dict[str, Any]) -> str | None:
+    """Why a finished phase's recorded ``output`` no longer describes the files it names,
+    or ``None`` when it still does.
+
+    The fingerprint covers the config; the files live on: a dataset version is keyed by
+    its sources' sizes and mtimes (edited sources are another version), and a version's
+    tokens are shared by every run using it (another run's tokenizer settings retrain
+    them in place). A stale record is run again, never reused.
+    """
+    if phase == "data":
+        d = config.data
+        sources = package_sources(d.packages) + [dict(s) for s in d.sources]
+        key = input_hash(sources, config)
+        if key != output.get("input_hash"):
+            return "the source files changed since (another input hash)"
+        manifest = pathlib.Path(output["version_dir"]) / "manifest.json"
+        if not manifest.is_file():
+            return f"dataset {manifest.parent} is gone"
+        from jaxcore.run.lineage import sha256_file
+
+        if sha256_file(manifest) != output.get("manifest_sha256"):
+            return f"dataset {manifest.parent} was rebuilt (another manifest)"
+    elif phase == "tokenizer":
+        tok, index = pathlib.Path(output["tokenizer"]), pathlib.Path(output["tokens_index"])
+        if not (tok.is_file() and index.is_file()):
+            return f"its tokenizer or token index under {index.parent} is gone"
+        if hashlib.sha256(tok.read_bytes()).hexdigest() != output.get("tokenizer_sha256"):
+            return f"{tok} was retrained since (another run's tokenizer settings?)"
+        written = json.loads(index.read_text())
+        if written.get("tokenizer_sha256") != output.get("tokenizer_sha256") or written.get(
+            "tokens"
+        ) != output.get("tokens"):
+            return f"the token shards under {index.parent} were rewritten since"
+    elif phase == "register" and not pathlib.Path(output.get("weights") or "").exists():
+        return f"the registered weights {output.get('weights')} are gone"
+    return None
+
+
+def _result(output: dict[str, Any] | None) -> dict[str, Any] | None:
+    """An output without how it was reached (``reused``: the dataset version was found by
+    its input hash; ``resumed``: the experiment restarted from a checkpoint), which says
+    nothing about what later phases read."""
+    if output is None:
+        return None
+    return {k: v for k, v in output.items() if k not in ("reused", "resumed")}
 
 
 # ----------------------------------------------------------------------------- data
@@ -122,19 +171,29 @@ def check_sources(sources: list[dict[str, Any]], output_dir: str) -> int:
 
 def input_hash(sources: list[dict[str, Any]], config: RunConfig) -> str:
     """Hash of every input file's path, size and mtime plus the curation settings: the
-    key a dataset version is found by."""
+    key a dataset version is found by.
+
+    Bytecode (``__pycache__``, ``*.pyc``) is left out: Python writes it into a source
+    package whenever the package is imported (``h11`` by the serve phase's client), and
+    the curation drops it as binary, so it would only make a new version of the same
+    data (and retrain every later phase)."""
     h = hashlib.sha256()
     d = config.data
     h.update(json.dumps([sources, d.num_shards, d.optout_registry], sort_keys=True).encode())
     for s in sources:
         root = pathlib.Path(s["path"])
         files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file())
+        files = [p for p in files if not _bytecode(p)]
         for p in files:
             st = p.stat()
             h.update(f"{p.relative_to(root.parent)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
     if d.optout_registry and pathlib.Path(d.optout_registry).is_file():
         h.update(pathlib.Path(d.optout_registry).read_bytes())
     return h.hexdigest()
+
+
+def _bytecode(path: pathlib.Path) -> bool:
+    return path.suffix in (".pyc", ".pyo") or "__pycache__" in path.parts
 
 
 def data_summary(manifest: dict[str, Any]) -> dict[str, Any]:
@@ -212,9 +271,14 @@ def phase_tokenizer(ctx: RunContext) -> dict[str, Any]:
         index = json.loads(index_path.read_text())
         ctx.console.print("  tokenizer and shards of these settings found: reused")
     else:
+        # The old marker goes first: a run killed while the shards are rewritten leaves
+        # no marker, so no later run reads half-rewritten shards as the old settings'.
+        marker.unlink(missing_ok=True)
         with ctx.console.status(f"training BPE (vocab {t.vocab_size}) and writing shards"):
             index = tokenize_snapshot(vdir, tcfg)
-        marker.write_text(json.dumps(wanted))
+        tmp = marker.with_suffix(".tmp")
+        tmp.write_text(json.dumps(wanted))
+        os.replace(tmp, marker)
     lineage = dataset_lineage(vdir, ctx.outputs["data"]["input_hash"], index)
     lineage_file = ctx.run_dir / "lineage.json"
     lineage_file.write_text(json.dumps(lineage, indent=1) + "\n")
@@ -259,6 +323,10 @@ def trial_constants(ctx: RunContext, peak_flops: float | None) -> dict[str, Any]
     tok, steps = ctx.outputs["tokenizer"], ctx.config.train.steps
     return {
         "tokens": tok["tokens_index"],
+        # The index's path is the same for every tokenizer of a dataset version; its hash
+        # (tokenizer hash, shards, counts) tells an experiment trained on other tokens
+        # from this one (see changed_settings).
+        "tokens_sha256": hashlib.sha256(pathlib.Path(tok["tokens_index"]).read_bytes()).hexdigest(),
         "lineage": tok["lineage_file"],
         **run_hparams(ctx.config, tok["vocab_size"]),
         "log_every": max(1, min(10, steps // 20 or 1)),
@@ -291,9 +359,33 @@ def run_experiment_phase(ctx: RunContext, raw: dict[str, Any]) -> dict[str, Any]
     try:
         previous = [e for e in store.experiments() if e["name"] == raw["name"]]
         unfinished = [e for e in previous if e["state"] not in EXPERIMENT_DONE]
-        exp_id = unfinished[-1]["id"] if unfinished else None
+        # Only an experiment started with these very settings resumes: its trials keep the
+        # hyperparameters (lr, model shape, vocabulary, tokens) they were created with.
+        same = [e for e in unfinished if not changed_settings(e["config"], raw)]
+        exp_id = same[-1]["id"] if same else None
+        done = [
+            e
+            for e in previous
+            if e["state"] == "COMPLETED" and not changed_settings(e["config"], raw)
+        ]
+        if exp_id is None and done:
+            # Finished before its phase record was written (a kill between the two):
+            # what it trained is this phase's result, as an uninterrupted run returns it.
+            e = done[-1]
+            run = types.SimpleNamespace(experiment_id=e["id"], trials=store.trials(e["id"]))
+            out = _experiment_output(store, run, resumed=False)
+            if out["best"] is not None:
+                ctx.console.print(f"  experiment {e['id']} finished with these settings: reused")
+                return out
         if exp_id is not None:
             ctx.console.print(f"  resuming experiment {exp_id} (interrupted) from its checkpoints")
+        elif unfinished:
+            e = unfinished[-1]
+            ctx.console.print(
+                f"  experiment {e['id']} (interrupted) was started with other settings ("
+                + "; ".join(changed_settings(e["config"], raw)[:4])
+                + "): not resumed; starting a new one"
+            )
         # SIGTERM (docker stop, a Slurm preemption) stops the run after the trial's save.
         executor = InlineTrialExecutor(stop_on_sigterm=True)
         loop = ExperimentLoop(config, executor=executor, store=store, experiment_id=exp_id)
@@ -306,6 +398,35 @@ def run_experiment_phase(ctx: RunContext, raw: dict[str, Any]) -> dict[str, Any]
         return _experiment_output(store, summary, resumed=exp_id is not None)
     finally:
         store.close()
+
+
+# Not settings of the trial: measured each run, or display only.
+_VOLATILE = ("peak_flops", "progress")
+
+
+def changed_settings(stored: dict[str, Any], raw: dict[str, Any]) -> list[str]:
+    """``"key: old -> new"`` for each hyperparameter or searcher setting of ``raw`` that
+    differs from an experiment's stored config (an empty list: the same experiment)."""
+
+    from jaxcore.experiments import parse_config
+    from jaxcore.experiments.config import to_dict
+
+    def view(c: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        c = to_dict(parse_config(c))  # defaults filled in, as the store keeps it
+        hyper = {k: v for k, v in c["hyperparameters"].items() if k not in _VOLATILE}
+        return {"hyperparameters": hyper, "searcher": c["searcher"]}
+
+    try:
+        old = view(stored)
+    except Exception as e:  # written by another version of the experiments package
+        return [f"stored config unreadable ({type(e).__name__})"]
+    new = view(raw)
+    return [
+        f"{k}: {old[part].get(k)!r} -> {new[part].get(k)!r}"
+        for part in ("hyperparameters", "searcher")
+        for k in sorted(set(old[part]) | set(new[part]))
+        if old[part].get(k) != new[part].get(k)
+    ]
 
 
 def _experiment_output(store: Any, summary: Any, *, resumed: bool) -> dict[str, Any]:

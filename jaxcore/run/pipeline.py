@@ -115,6 +115,10 @@ def _run_phases(config: RunConfig, console: Console, hosts: Solo | Hosts) -> Run
         record = ph.read_record(run_dir, phase)
         title = f"[bold cyan]phase {i}/{len(ph.PHASES)}: {phase}[/]"
         reuse = record is not None and record["fingerprint"] == fp
+        stale = ph.stale_reason(config, phase, record["output"]) if reuse else None
+        if stale:
+            console.print(f"{title}: the earlier run's result is stale ({stale}): run again")
+            reuse = False
         # Process 0 decides what is reused; the others do as it says.
         hosts.publish("phase", phase=phase, action="skip" if reuse else "run")
         hosts.wait_followers(f"at the start of the {phase} phase")
@@ -173,8 +177,10 @@ def dry_run(config: RunConfig, *, console: Console | None = None) -> dict[str, A
     plan_phases = []
     for phase in ph.PHASES:
         record = ph.read_record(run_dir, phase)
-        reuse = record is not None and record["fingerprint"] == ph.fingerprint(
-            config, phase, outputs
+        reuse = (
+            record is not None
+            and record["fingerprint"] == ph.fingerprint(config, phase, outputs)
+            and ph.stale_reason(config, phase, record["output"]) is None
         )
         if reuse:
             outputs[phase] = record["output"]

@@ -40,17 +40,27 @@ class Lifeline:
         self.read_fd, self._write_fd = os.pipe()
         inode = os.fstat(self.read_fd).st_ino
         self.env_value = f"{self.read_fd}:{inode}:{grace_s:g}"
+        self._read_closed = self._write_closed = False
 
     def started(self) -> None:
-        """Close the read end here once every rank holds its copy."""
-        with contextlib.suppress(OSError):
-            os.close(self.read_fd)
+        """Close the read end here once every rank holds its copy.
+
+        Each end is closed once: its number may at once be reused by another file (in a
+        notebook kernel, a ZeroMQ socket), which a second close would close from under its
+        owner (libzmq then aborts the kernel).
+        """
+        if not self._read_closed:
+            self._read_closed = True
+            with contextlib.suppress(OSError):
+                os.close(self.read_fd)
 
     def close(self) -> None:
         """Close both ends (the ranks are gone): the ranks' watchers would read the end."""
         self.started()
-        with contextlib.suppress(OSError):
-            os.close(self._write_fd)
+        if not self._write_closed:
+            self._write_closed = True
+            with contextlib.suppress(OSError):
+                os.close(self._write_fd)
 
 
 def watch_lifeline(environ: MutableMapping[str, str] | Mapping[str, str] | None = None) -> bool:

@@ -20,14 +20,17 @@ and exits with an error when the timeout passes.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
+import signal
 import socket
 import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import jax
 
@@ -264,6 +267,31 @@ def _watchdog(settings: ClusterSettings, timeout_s: float) -> threading.Timer:
     return timer
 
 
+def _exit_on_uncaught_error() -> None:
+    """An uncaught exception ends this process at once, after its traceback.
+
+    A normal exit runs `jax.distributed.shutdown` (atexit), a barrier that the other
+    processes, blocked in a collective that waits for this one, never reach: the failing
+    process would hang until their collective timed out (30 s for gloo, longer on GPUs),
+    and the launcher would blame whichever rank timed out first. With-blocks (a
+    `Checkpointer`'s) have already exited when the hook runs.
+    """
+    previous = sys.excepthook
+
+    def hook(kind: type[BaseException], error: BaseException, tb: Any) -> None:
+        previous(kind, error, tb)
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+        logging.shutdown()
+        if issubclass(kind, KeyboardInterrupt):  # died of SIGINT, as Python itself reports
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
+        os._exit(1)
+
+    sys.excepthook = hook
+
+
 def initialize(
     coordinator_address: str | None = None,
     num_processes: int | None = None,
@@ -340,6 +368,7 @@ def initialize(
         raise
     finally:
         timer.cancel()
+    _exit_on_uncaught_error()
     log.info(
         "jax.distributed ready in %.1f s: process %d of %d, %d local / %d global devices",
         time.monotonic() - start,

@@ -127,6 +127,20 @@ class InputConfig:
             )
         if not 0 <= self.seed < 2**32:
             raise ConfigError(f"InputConfig.seed={self.seed!r}: must be in [0, 2**32).")
+        for name in ("pad_id", "eos_id"):
+            value = getattr(self, name)
+            if value is None and name == "eos_id":
+                continue
+            # A negative id would go into the rows as-is and index the embedding from its end.
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | np.integer)
+                or not 0 <= value < 2**31
+            ):
+                raise ConfigError(
+                    f"InputConfig.{name}={value!r}: must be a token id >= 0 (and below the "
+                    "vocabulary size), e.g. tok.eos_id / tok.pad_id."
+                )
 
 
 def _tokens_of(element: Any) -> np.ndarray:
@@ -342,6 +356,23 @@ class _Unsegment(grain.transforms.Map):
         return {"tokens": tokens, "mask": mask}
 
 
+def _check_special_ids(source: Any, cfg: InputConfig) -> None:
+    """Refuse an ``eos_id`` (packing) or ``pad_id`` outside the source's tokenizer's
+    vocabulary (a `TextSource` knows it): the id would be an out-of-range embedding row."""
+    vocab = getattr(getattr(source, "tokenizer", None), "vocab_size", None)
+    if not isinstance(vocab, int):
+        return
+    used = [("pad_id", cfg.pad_id)]
+    if cfg.mode == "pack" and cfg.eos_id is not None:
+        used.append(("eos_id", cfg.eos_id))
+    for name, value in used:
+        if value >= vocab:
+            raise ConfigError(
+                f"InputConfig.{name}={value} is outside the tokenizer's vocabulary "
+                f"(vocab_size={vocab}); use the tokenizer's own id (tok.eos_id, tok.pad_id)."
+            )
+
+
 class Loader:
     """Batches from a Grain source, positioned by step, as global `jax.Array`s.
 
@@ -380,6 +411,7 @@ class Loader:
                 f"Loader(source={type(source).__name__}): pass a grain.MapDataset, a Grain "
                 "data source (with __len__ and __getitem__) or a grain.IterDataset."
             )
+        _check_special_ids(source, config)
         self.step = 0
         self._source = source
         self._rows = (
@@ -426,6 +458,8 @@ class Loader:
             out["worker_count"] = cfg.worker_count
         else:
             out["num_documents"] = self._rows.n
+            if self._rows.lengths is not None:
+                out["num_tokens"] = int(self._rows.lengths.sum())
         return out
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -463,6 +497,16 @@ class Loader:
                 f"the source has {self._rows.n} documents but the checkpoint was written "
                 f"with {state.get('num_documents')}; resume with the same source."
             )
+        saved_tokens = state.get("num_tokens")  # pack mode; older positions lack it
+        if not self.streaming and saved_tokens is not None and self._rows.lengths is not None:
+            tokens = int(self._rows.lengths.sum())
+            if tokens != saved_tokens:
+                raise ConfigError(
+                    f"the source holds {tokens} tokens but the checkpoint was written with "
+                    f"{saved_tokens} (same {self._rows.n} documents): packed rows would start "
+                    "elsewhere, so the saved step points at other data. Resume with the same "
+                    "source and tokenizer."
+                )
         self.close()
         self.step = int(state["step"])
         if self.streaming:

@@ -24,6 +24,9 @@ from typing import Any
 from jaxcore.errors import ConfigError
 
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+# Files of tokenizers that transformers converts to a fast one (sentencepiece, GPT-2 BPE,
+# WordPiece); tokenizers alone cannot read them the way transformers' converters do.
+_SLOW_FILES = ("tokenizer.model", "vocab.json", "merges.txt", "vocab.txt", "spiece.model")
 _EOS_GUESSES = ("</s>", "<|endoftext|>", "<|end_of_text|>", "<eos>", "[EOS]")
 
 
@@ -231,9 +234,19 @@ def load_tokenizer(spec: str | Path | Any) -> Tokenizer:
         if path.is_dir():
             file = path / "tokenizer.json"
             if not file.is_file():
+                slow = [n for n in _SLOW_FILES if (path / n).is_file()]
+                convert = (
+                    f" It holds {' + '.join(slow)} (a slow tokenizer's files): load it with "
+                    f"transformers.AutoTokenizer.from_pretrained({str(path)!r}) (or, without a "
+                    "tokenizer_config.json, the model's class: GPT2TokenizerFast, "
+                    "LlamaTokenizerFast, ...) and pass that object or its save_pretrained folder."
+                    if slow
+                    else ""
+                )
                 raise ConfigError(
                     f"tokenizer: the folder {path} holds no tokenizer.json; pass a folder saved "
                     "by a Hugging Face fast tokenizer (save_pretrained) or the file itself."
+                    f"{convert}"
                 )
             return _from_folder(path, file)
         if path.is_file():

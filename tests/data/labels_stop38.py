@@ -1089,22 +1089,27 @@ def score(cases: list[Case], detector=None) -> dict:
     }
 
 
-def split(name: str) -> list[Case]:
-    return [c for c in CASES if c.split == name]
+def split(name: str, cases: list[Case] | None = None) -> list[Case]:
+    return [c for c in (CASES if cases is None else cases) if c.split == name]
 
 
-if __name__ == "__main__":
-    import sys
-
-    show = "-v" in sys.argv
+def print_report(cases: list[Case], show: bool = False) -> None:
+    """The figures per split (and the tuning split's errors; all with ``show``)."""
     for part in (T, H):
-        r = score(split(part))
-        fams = sorted({c.family for c in split(part)})
+        part_cases = split(part, cases)
+        r = score(part_cases)
+        fams = sorted({c.family for c in part_cases})
         print(
-            f"{part}: {len(split(part))} files, {len(fams)} families, {r['labels']} labels: "
+            f"{part}: {len(part_cases)} files, {len(fams)} families, {r['labels']} labels: "
             f"recall {r['recall']:.3f} ({r['tp']}/{r['labels']}), precision "
             f"{r['precision']:.3f} ({r['findings'] - r['fp']}/{r['findings']})"
         )
         if show or part == T:
             for e in r["errors"]:
                 print("   ", e)
+
+
+if __name__ == "__main__":
+    import sys
+
+    print_report(CASES, "-v" in sys.argv)

@@ -21,7 +21,8 @@ import base64
 import random
 import string
 
-from labels_stop38 import Case, score
+import labels_stop38
+from labels_stop38 import Case, score  # noqa: F401 (score: the scoring, for callers)
 
 R = random.Random(39)
 ALNUM = string.ascii_letters + string.digits
@@ -473,21 +474,10 @@ assert {c.family for c in CASES if c.split == T}.isdisjoint(
 
 
 def split(name: str) -> list[Case]:
-    return [c for c in CASES if c.split == name]
+    return labels_stop38.split(name, CASES)
 
 
 if __name__ == "__main__":
     import sys
 
-    show = "-v" in sys.argv
-    for part in (T, H):
-        r = score(split(part))
-        fams = sorted({c.family for c in split(part)})
-        print(
-            f"{part}: {len(split(part))} files, {len(fams)} families, {r['labels']} labels: "
-            f"recall {r['recall']:.3f} ({r['tp']}/{r['labels']}), precision "
-            f"{r['precision']:.3f} ({r['findings'] - r['fp']}/{r['findings']})"
-        )
-        if show or part == T:
-            for e in r["errors"]:
-                print("   ", e)
+    labels_stop38.print_report(CASES, "-v" in sys.argv)

@@ -18,14 +18,10 @@ from hypothesis import strategies as st
 
 from inference import LLM, SamplingParams, ServingConfig
 from inference.server import BackgroundServer, create_app
-from tests.inference.helpers import byte_level_tokenizer
+from tests.inference.test_offpath_stop36 import _tiny_llama
 
 NAME = "tiny-stop39"
 STEPS = 10
-TEMPLATE = (
-    "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}"
-    "{% if add_generation_prompt %}<|assistant|>{% endif %}"
-)
 
 
 class _Bias(transformers.LogitsProcessor):
@@ -44,26 +40,7 @@ class _Bias(transformers.LogitsProcessor):
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     folder = tmp_path_factory.mktemp("llama")
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=256,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=64,
-        bos_token_id=None,
-        eos_token_id=None,
-        pad_token_id=None,
-        tie_word_embeddings=False,
-    )
-    model = transformers.LlamaForCausalLM(config).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.5)
-    model.save_pretrained(folder)
-    byte_level_tokenizer(folder, chat_template=TEMPLATE)
+    model = _tiny_llama(folder)  # stop 36's random 2-layer Llama, byte tokenizer, chat template
     llm = LLM(str(folder), engine=ServingConfig(slots=4, decode_steps=4))
     server = BackgroundServer(create_app(llm, model_name=NAME))
     client = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0)

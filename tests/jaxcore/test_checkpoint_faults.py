@@ -49,9 +49,10 @@ def _bumped(state, step):
     )
 
 
-def _write(directory, trained, steps):
+def _write(directory, trained, steps, **cfg):
     engine, state = trained
-    with Checkpointer(CheckpointConfig(directory=directory, async_save=False), engine=engine) as c:
+    config = CheckpointConfig(directory=directory, async_save=False, **cfg)
+    with Checkpointer(config, engine=engine) as c:
         for s in steps:
             c.save(_bumped(state, s), force=True)
 

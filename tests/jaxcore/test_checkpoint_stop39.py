@@ -13,9 +13,6 @@ import subprocess
 import sys
 
 import jax
-import jax.numpy as jnp
-import numpy as np
-import optax
 import pytest
 
 import jaxcore as jc
@@ -24,8 +21,14 @@ from jaxcore.checkpointing import writer_lock
 from jaxcore.models import lm_loss
 
 from .helpers import factory, host, make_batch
-
-TX = optax.adamw(1e-3)
+from .test_checkpoint_faults import (  # the same state, writes and resumes
+    TX,
+    _biggest_data_file,
+    _bumped,
+    _equal,
+    _resume,
+    _write,
+)
 
 
 @pytest.fixture(scope="module")
@@ -36,46 +39,14 @@ def trained():
     return engine, state
 
 
-def _bumped(state, step):
-    return state.replace(
-        step=jnp.int32(step), params=jax.tree.map(lambda x: x + float(step), state.params)
-    )
-
-
-def _equal(a, b) -> bool:
-    return all(
-        np.array_equal(x, y)
-        for x, y in zip(jax.tree.leaves(host(a)), jax.tree.leaves(host(b)), strict=True)
-    )
-
-
-def _write(directory, trained, steps, **cfg):
-    engine, state = trained
-    config = CheckpointConfig(directory=directory, async_save=False, **cfg)
-    with Checkpointer(config, engine=engine) as c:
-        for s in steps:
-            c.save(_bumped(state, s), force=True)
-
-
-def _resume(directory, **cfg):
-    with Checkpointer(CheckpointConfig(directory=directory, **cfg)) as ckpt:
-        state, _ = ckpt.restore_or_init(jc.Engine(parallel=jc.ParallelConfig(fsdp=8)), factory, TX)
-    return ckpt, state
-
-
-def _entries(directory):
-    return sorted(p.name for p in directory.iterdir() if p.name != writer_lock.LOCK_FILE)
-
-
 def _flip(path):
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 0xFF
     path.write_bytes(bytes(data))
 
 
-def _biggest_data_file(step_dir):
-    files = [p for p in (step_dir / "state").rglob("*") if p.is_file() and "/d/" in str(p)]
-    return max(files, key=lambda p: p.stat().st_size)
+def _entries(directory):
+    return sorted(p.name for p in directory.iterdir() if p.name != writer_lock.LOCK_FILE)
 
 
 def test_a_damaged_step_that_cannot_be_moved_is_a_checkpoint_error(tmp_path, trained, monkeypatch):

@@ -144,6 +144,25 @@ def _wait_for_earlier_first_rung(ctx) -> None:
         time.sleep(0.05)
 
 
+def _hold_once(ctx, step: int) -> None:
+    """``$JAXCORE_TEST_HOLD_STEP`` = k: the first process of the experiment to train step k
+    (a step it has not checkpointed) writes ``<workdir>/<experiment>/held`` and waits
+    there for ever, so a test kills the loop with that trial surely mid-way."""
+    hold = os.environ.get("JAXCORE_TEST_HOLD_STEP")
+    if hold is None or step != int(hold):
+        return
+    import time
+
+    try:
+        fd = os.open(ctx.trial_dir.parent / "held", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        return  # another trial (or this one's earlier process) held already
+    os.write(fd, str(ctx.trial_id).encode())
+    os.close(fd)
+    while True:
+        time.sleep(0.05)
+
+
 def asha_ckpt(ctx) -> None:
     """`asha_quad` with a checkpoint every step and a log of what each process trained.
 
@@ -161,6 +180,7 @@ def asha_ckpt(ctx) -> None:
         time.sleep(STEP_S)
         with open(log, "a") as f:
             f.write(f"train {step} {os.getpid()}\n")
+        _hold_once(ctx, step)
         if ctx.validation_due(step):
             if step == ctx.milestones[0]:
                 _wait_for_earlier_first_rung(ctx)

@@ -22,6 +22,7 @@ from jaxcore.experiments.trial_executors import live_trial_processes
 from tests.jaxcore.experiments.conftest import entry
 
 LIMIT, TRIALS = 4, 12
+HOLD_STEP = 5  # past the first rung (4): a promoted trial trains it
 
 
 def _raw(workdir: pathlib.Path) -> dict:
@@ -100,7 +101,10 @@ def test_kill_9_of_the_loop_mid_asha_then_resume(tmp_path):
             str(cfg_path),
             "--quiet",
         ],
-        env={k: v for k, v in os.environ.items() if k not in ("JAXCORE_DB", "JAXCORE_DB_URL")},
+        env={
+            **{k: v for k, v in os.environ.items() if k not in ("JAXCORE_DB", "JAXCORE_DB_URL")},
+            "JAXCORE_TEST_HOLD_STEP": str(HOLD_STEP),
+        },
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -113,6 +117,10 @@ def test_kill_9_of_the_loop_mid_asha_then_resume(tmp_path):
             return len(acked) >= 5 and sum(t["state"] == "RUNNING" for t in store.trials(1)) >= 2
 
         _wait(mid_asha)
+        # One trial waits after training a step it has not checkpointed (objectives
+        # `_hold_once`): the kill surely interrupts a trial mid-way (without it, every
+        # trial could be between steps, or done, when the kill landed: 1 run in 4).
+        _wait(lambda: any((tmp_path / "killed").glob("*/held")))
         loop.send_signal(signal.SIGKILL)  # the loop only: its trials are not signalled
         loop.wait()
         killed_at = {t["id"]: t["state"] for t in store.trials(1)}

@@ -119,6 +119,8 @@ class Scheduler:
         self._wakeup = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # What ended the thread, if an error did: the server's 503 names it.
+        self.failure: BaseException | None = None
         self._lock = threading.Lock()
         # Dispatched but not yet delivered: ("prefill" | "decode", device outputs, holders).
         self._inflight: list[tuple[str, Any, Any]] = []
@@ -160,6 +162,7 @@ class Scheduler:
         with self._lock:
             if self._thread is None or not self._thread.is_alive():
                 self._stop.clear()
+                self.failure = None
                 self._thread = threading.Thread(
                     target=self._run, name="inference-scheduler", daemon=True
                 )
@@ -268,6 +271,7 @@ class Scheduler:
                     self._wakeup.clear()
         except BaseException as e:  # fail every request rather than hang their callers
             log.exception("scheduler stopped on an error")
+            self.failure = e
             self._fail_all(e)
             raise
         self._fail_all(None)

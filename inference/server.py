@@ -408,11 +408,17 @@ class OpenAIServer:
     def _check_running(self) -> None:
         """A 503 when nothing would run the request: queued on a stopped scheduler (the
         LLM closed, or its thread ended on an error) it waited until the client gave up."""
-        if not self.llm.scheduler.alive:
+        scheduler = self.llm.scheduler
+        if not scheduler.alive:
+            why = (
+                "it stopped on an error"
+                if scheduler.failure is None
+                else f"it stopped on {type(scheduler.failure).__name__}: {scheduler.failure}"
+            )
             raise APIError(
                 503,
-                "the model's scheduler is not running (its LLM was closed, or it stopped on "
-                "an error: see the server log), so no request can finish; restart the server.",
+                f"the model's scheduler is not running (its LLM was closed, or {why}: see "
+                "the server log), so no request can finish; restart the server.",
                 type="server_error",
                 code="scheduler_stopped",
             )

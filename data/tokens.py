@@ -90,17 +90,25 @@ def load_tokenizer(config: TokenizeConfig) -> Tokenizer:
 
 
 def tokenize_snapshot(
-    version_dir: str | Path, config: TokenizeConfig, parquet: list[str] | None = None
+    version_dir: str | Path,
+    config: TokenizeConfig,
+    parquet: list[str] | None = None,
+    out_dir: str = "tokens",
 ) -> dict[str, Any]:
-    """Train (or load) the tokenizer and write ``tokens/`` ArrayRecord shards + index.
+    """Train (or load) the tokenizer and write ArrayRecord shards + index into
+    ``version_dir/out_dir`` (one folder name: `open_dataset` finds the shards from it).
 
     ``parquet`` are the Parquet shards' paths relative to ``version_dir`` (default: the
     manifest's); the build passes them and tokenizes before its manifest exists, so a
-    crash mid-way leaves no finished-looking snapshot."""
+    crash mid-way leaves no finished-looking snapshot. ``jaxcore run`` passes one
+    ``out_dir`` per tokenizer setting, so runs sharing a version never rewrite each
+    other's shards."""
     from array_record.python.array_record_module import ArrayRecordWriter
 
+    if "/" in out_dir or out_dir in ("", ".", ".."):
+        raise ValueError(f"out_dir must be one folder name inside the version, not {out_dir!r}")
     version_dir = Path(version_dir)
-    out = version_dir / "tokens"
+    out = version_dir / out_dir
     out.mkdir(parents=True, exist_ok=True)
     if config.tokenizer:
         tok = load_tokenizer(config)
@@ -156,7 +164,7 @@ def tokenize_snapshot(
             w.close()
     index = {
         "format": "uint32-le token ids per record, eos-terminated",
-        "tokenizer": "tokens/tokenizer.json",
+        "tokenizer": f"{out_dir}/tokenizer.json",
         "tokenizer_sha256": hashlib.sha256(tok_path.read_bytes()).hexdigest(),
         "vocab_size": tok.get_vocab_size(),
         "eos_id": eos,

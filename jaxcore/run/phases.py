@@ -12,7 +12,9 @@ their latest checkpoints (the experiments package's resume); one that finished i
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import hashlib
 import importlib.util
 import json
@@ -20,7 +22,7 @@ import os
 import pathlib
 import time
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from jaxcore.errors import ConfigError
@@ -95,8 +97,9 @@ def stale_reason(config: RunConfig, phase: str, output: dict[str, Any]) -> str |
 
     The fingerprint covers the config; the files live on: a dataset version is keyed by
     its sources' sizes and mtimes (edited sources are another version), and a version's
-    tokens are shared by every run using it (another run's tokenizer settings retrain
-    them in place). A stale record is run again, never reused.
+    tokens of one tokenizer setting are shared by every run using that setting (deleted,
+    or written by an older jaxcore into the shared ``tokens/``, they may have changed). A
+    stale record is run again, never reused.
     """
     if phase == "data":
         d = config.data
@@ -116,7 +119,7 @@ def stale_reason(config: RunConfig, phase: str, output: dict[str, Any]) -> str |
         if not (tok.is_file() and index.is_file()):
             return f"its tokenizer or token index under {index.parent} is gone"
         if hashlib.sha256(tok.read_bytes()).hexdigest() != output.get("tokenizer_sha256"):
-            return f"{tok} was retrained since (another run's tokenizer settings?)"
+            return f"{tok} was rewritten since (by another run's tokenizer settings?)"
         written = json.loads(index.read_text())
         if written.get("tokenizer_sha256") != output.get("tokenizer_sha256") or written.get(
             "tokens"
@@ -220,21 +223,24 @@ def phase_data(ctx: RunContext) -> dict[str, Any]:
     key = input_hash(sources, ctx.config)
     version = f"v-{key[:12]}"
     vdir = pathlib.Path(d.output_dir) / version
-    reused = (vdir / "manifest.json").is_file()
-    if reused:
-        ctx.console.print(f"  dataset {version} found by its input hash: reused ({vdir})")
-    else:
-        raw = {
-            "sources": sources,
-            "output_dir": d.output_dir,
-            "version": version,
-            "num_shards": d.num_shards,
-            "workers": d.workers,
-            "progress": True,
-        }
-        if d.optout_registry:
-            raw["optout"] = {"registry": d.optout_registry}
-        build_dataset(config_from_dict(raw))
+    # Runs sharing data.output_dir build a version once: another run building it now is
+    # waited for (the data package itself refuses a second concurrent build).
+    with waiting_lock(pathlib.Path(d.output_dir) / f".{version}.run.lock", ctx.console, "build"):
+        reused = (vdir / "manifest.json").is_file()
+        if reused:
+            ctx.console.print(f"  dataset {version} found by its input hash: reused ({vdir})")
+        else:
+            raw = {
+                "sources": sources,
+                "output_dir": d.output_dir,
+                "version": version,
+                "num_shards": d.num_shards,
+                "workers": d.workers,
+                "progress": True,
+            }
+            if d.optout_registry:
+                raw["optout"] = {"registry": d.optout_registry}
+            build_dataset(config_from_dict(raw))
     manifest = load_manifest(vdir)
     from jaxcore.run.lineage import sha256_file
 
@@ -246,6 +252,24 @@ def phase_data(ctx: RunContext) -> dict[str, Any]:
         "manifest_sha256": sha256_file(vdir / "manifest.json"),
         "summary": data_summary(manifest),
     }
+
+
+@contextlib.contextmanager
+def waiting_lock(path: pathlib.Path, console: Any, what: str) -> Iterator[None]:
+    """Hold an advisory ``flock`` on ``path``; while another `jaxcore run` holds it (it is
+    doing ``what`` on files this run shares), say so and wait. The kernel frees the lock
+    when its holder dies, kill -9 included, so a crashed run never blocks the next."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            console.print(f"  waiting for another `jaxcore run` {what} ({path.parent})")
+            fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
 
 
 # ----------------------------------------------------------------------------- tokenizer
@@ -262,29 +286,31 @@ def phase_tokenizer(ctx: RunContext) -> dict[str, Any]:
         min_frequency=t.min_frequency,
         num_shards=t.num_shards,
     )
-    # Shards live in the dataset version (shared by runs); a marker says which tokenizer
-    # settings wrote them, so other settings train again instead of reusing them.
-    marker = vdir / "tokens" / "jaxcore_run.json"
+    # Shards live in the dataset version, one folder per tokenizer setting: runs with
+    # other settings never rewrite the shards another run trains on, and runs with the
+    # same settings share them (the first writes, the others wait for it and reuse them).
+    # The marker is written last, so a run killed mid-way leaves nothing to trust.
     wanted = dataclasses.asdict(tcfg)
-    index_path = vdir / "tokens" / "index.json"
-    if index_path.is_file() and marker.is_file() and json.loads(marker.read_text()) == wanted:
-        index = json.loads(index_path.read_text())
-        ctx.console.print("  tokenizer and shards of these settings found: reused")
-    else:
-        # The old marker goes first: a run killed while the shards are rewritten leaves
-        # no marker, so no later run reads half-rewritten shards as the old settings'.
-        marker.unlink(missing_ok=True)
-        with ctx.console.status(f"training BPE (vocab {t.vocab_size}) and writing shards"):
-            index = tokenize_snapshot(vdir, tcfg)
-        tmp = marker.with_suffix(".tmp")
-        tmp.write_text(json.dumps(wanted))
-        os.replace(tmp, marker)
+    name = "tokens-" + hashlib.sha256(json.dumps(wanted, sort_keys=True).encode()).hexdigest()[:12]
+    tdir = vdir / name
+    marker, index_path = tdir / "jaxcore_run.json", tdir / "index.json"
+    with waiting_lock(vdir / f".{name}.lock", ctx.console, "tokenizing"):
+        if index_path.is_file() and marker.is_file() and json.loads(marker.read_text()) == wanted:
+            index = json.loads(index_path.read_text())
+            ctx.console.print("  tokenizer and shards of these settings found: reused")
+        else:
+            marker.unlink(missing_ok=True)
+            with ctx.console.status(f"training BPE (vocab {t.vocab_size}) and writing shards"):
+                index = tokenize_snapshot(vdir, tcfg, out_dir=name)
+            tmp = marker.with_suffix(".tmp")
+            tmp.write_text(json.dumps(wanted))
+            os.replace(tmp, marker)
     lineage = dataset_lineage(vdir, ctx.outputs["data"]["input_hash"], index)
     lineage_file = ctx.run_dir / "lineage.json"
     lineage_file.write_text(json.dumps(lineage, indent=1) + "\n")
     return {
         "tokens_index": str(index_path),
-        "tokenizer": str(vdir / "tokens" / "tokenizer.json"),
+        "tokenizer": str(tdir / "tokenizer.json"),
         "tokenizer_sha256": index["tokenizer_sha256"],
         "vocab_size": index["vocab_size"],
         "records": index["records"],
@@ -323,9 +349,9 @@ def trial_constants(ctx: RunContext, peak_flops: float | None) -> dict[str, Any]
     tok, steps = ctx.outputs["tokenizer"], ctx.config.train.steps
     return {
         "tokens": tok["tokens_index"],
-        # The index's path is the same for every tokenizer of a dataset version; its hash
-        # (tokenizer hash, shards, counts) tells an experiment trained on other tokens
-        # from this one (see changed_settings).
+        # The index's path is one per tokenizer setting (older runs shared one for every
+        # setting); its hash (tokenizer hash, shards, counts) tells an experiment trained
+        # on other tokens from this one (see changed_settings).
         "tokens_sha256": hashlib.sha256(pathlib.Path(tok["tokens_index"]).read_bytes()).hexdigest(),
         "lineage": tok["lineage_file"],
         **run_hparams(ctx.config, tok["vocab_size"]),

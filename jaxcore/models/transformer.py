@@ -256,7 +256,11 @@ def query_blocks(t: int) -> int:
 
 
 def causal_heads_first(
-    qh: jax.Array, kh: jax.Array, vh: jax.Array, window: int | None = None
+    qh: jax.Array,
+    kh: jax.Array,
+    vh: jax.Array,
+    window: int | None = None,
+    segments: jax.Array | None = None,
 ) -> jax.Array:
     """Causal attention on heads-first arrays, computed block by block over the queries.
 
@@ -265,6 +269,8 @@ def causal_heads_first(
     one its rows can see (``window``) to its own last row: the blocks above the diagonal
     are never computed, as in flash attention's causal block skipping (Dao et al. 2022),
     here with static slices XLA compiles into plain batched matmuls. Softmax in float32.
+    ``segments: (batch, length)`` ids keep each query to keys of its own segment (packed
+    rows: one id per example).
     """
     t, d = qh.shape[-2], qh.shape[-1]
     n = query_blocks(t)
@@ -281,13 +287,21 @@ def causal_heads_first(
         seen = cols <= rows
         if window is not None:
             seen = seen & (cols > rows - window)
+        if segments is not None:
+            same = segments[:, lo:hi, None] == segments[:, None, start:hi]
+            seen = seen[None] & same
+            seen = seen[:, None, None]  # (batch, 1, 1, queries, keys)
         weights = jax.nn.softmax(jnp.where(seen, scores, -jnp.inf), axis=-1).astype(vh.dtype)
         outs.append(jnp.einsum("bkgts,bksd->bkgtd", weights, v_i))
     return outs[0] if n == 1 else jnp.concatenate(outs, axis=3)
 
 
 def _heads_first_attention(
-    q: jax.Array, k: jax.Array, v: jax.Array, window: int | None = None
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    window: int | None = None,
+    segments: jax.Array | None = None,
 ) -> jax.Array:
     """Causal GQA with heads-first batched matmuls (`causal_heads_first`).
 
@@ -300,7 +314,7 @@ def _heads_first_attention(
     kv = k.shape[2]
     qh = q.reshape(b, t, kv, n // kv, d).transpose(0, 2, 3, 1, 4)
     kh, vh = k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)
-    out = causal_heads_first(qh, kh, vh, window)
+    out = causal_heads_first(qh, kh, vh, window, segments)
     return out.transpose(0, 3, 1, 2, 4).reshape(b, t, n, d)
 
 
@@ -321,19 +335,34 @@ def attention_implementation(device: jax.Device, dtype) -> str:
     return "xla"
 
 
-def attention(q: jax.Array, k: jax.Array, v: jax.Array, window: int | None = None) -> jax.Array:
+def attention(
+    q: jax.Array,
+    k: jax.Array,
+    v: jax.Array,
+    window: int | None = None,
+    segments: jax.Array | None = None,
+) -> jax.Array:
     """Causal grouped-query attention on ``(batch, length, heads, head_dim)`` arrays.
 
     ``window`` limits each query to the last ``window`` keys, itself included (Mistral's
-    sliding window, Hugging Face's ``kv_idx > q_idx - sliding_window``). The kernel is
-    chosen by backend and dtype (`attention_implementation`).
+    sliding window, Hugging Face's ``kv_idx > q_idx - sliding_window``). ``segments``
+    (``(batch, length)`` ids) keeps each query to its own segment's keys: examples
+    packed into one row then attend as if each had the row alone (MaxText's
+    ``decoder_segment_ids``). The kernel is chosen by backend and dtype
+    (`attention_implementation`); with ``segments`` the GPU path takes XLA's lowering,
+    whose boolean ``mask`` every dtype supports.
     """
     kind = attention_implementation(jax.devices()[0], q.dtype)
     if kind == "heads_first":
-        return _heads_first_attention(q, k, v, window)
+        return _heads_first_attention(q, k, v, window, segments)
     local = None if window is None else (window - 1, 0)
+    if segments is None:
+        return jax.nn.dot_product_attention(
+            q, k, v, is_causal=True, local_window_size=local, implementation=kind
+        )
+    mask = segments[:, None, :, None] == segments[:, None, None, :]
     return jax.nn.dot_product_attention(
-        q, k, v, is_causal=True, local_window_size=local, implementation=kind
+        q, k, v, mask=mask, is_causal=True, local_window_size=local, implementation="xla"
     )
 
 
@@ -385,9 +414,15 @@ class Transformer(nnx.Module):
         return {n: getattr(self, n)[...] for n in names}
 
     def block(
-        self, x: jax.Array, p: dict[str, jax.Array], cos: jax.Array, sin: jax.Array
+        self,
+        x: jax.Array,
+        p: dict[str, jax.Array],
+        cos: jax.Array,
+        sin: jax.Array,
+        segments: jax.Array | None = None,
     ) -> jax.Array:
-        """One decoder block on ``x: (batch, length, d_model)`` with layer weights ``p``.
+        """One decoder block on ``x: (batch, length, d_model)`` with layer weights ``p``
+        (``segments``: see `attention`).
 
         Projections are plain 2-D matmuls on ``(batch * length, features)``: their weight
         gradients then contract one dimension, which XLA's CPU backend does without the
@@ -408,7 +443,7 @@ class Transformer(nnx.Module):
             q, k, v = q + p["bq"], k + p["bk"], v + p["bv"]
         q = constrain(apply_rope(q, cos, sin), (axes.BATCH, axes.LENGTH, axes.HEADS, None))
         k = apply_rope(k, cos, sin)
-        attn = attention(q, k, v, cfg.sliding_window).reshape(b * t, n * hd)
+        attn = attention(q, k, v, cfg.sliding_window, segments).reshape(b * t, n * hd)
         x = x + (attn @ p["wo"].reshape(n * hd, d)).reshape(b, t, d)
         x = constrain(x, ACT)
         h = constrain(rms_norm(x, p["mlp_norm"], cfg.norm_eps).reshape(b * t, d), rows)
@@ -416,8 +451,16 @@ class Transformer(nnx.Module):
         hidden = constrain(hidden, (axes.BATCH, axes.MLP))
         return x + (hidden @ p["w_down"]).reshape(b, t, d)
 
-    def hidden_states(self, tokens: jax.Array, positions: jax.Array | None = None) -> jax.Array:
-        """Final-normed hidden states ``(batch, length, d_model)`` for ``tokens``."""
+    def hidden_states(
+        self,
+        tokens: jax.Array,
+        positions: jax.Array | None = None,
+        segments: jax.Array | None = None,
+    ) -> jax.Array:
+        """Final-normed hidden states ``(batch, length, d_model)`` for ``tokens``.
+
+        Packed rows pass each example's own ``positions`` and a ``segments`` id per
+        example; without ``segments`` the program is the unpacked one, unchanged."""
         cfg = self.cfg
         if positions is None:
             positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
@@ -428,12 +471,18 @@ class Transformer(nnx.Module):
         x = constrain(jnp.take(embed, tokens, axis=0), ACT)
 
         # scan_layers is lax.scan over the stacked layers, or the pipeline schedule when
-        # the engine runs one; rotary tables travel with each microbatch.
-        x = scan_layers(checkpoint_block(self.block), x, self.block_params(), (cos, sin))
+        # the engine runs one; rotary tables (and segment ids) travel with each microbatch.
+        per_example = (cos, sin) if segments is None else (cos, sin, segments)
+        x = scan_layers(checkpoint_block(self.block), x, self.block_params(), per_example)
         return rms_norm(x, self.final_norm[...], cfg.norm_eps)
 
-    def __call__(self, tokens: jax.Array, positions: jax.Array | None = None) -> jax.Array:
-        x = self.hidden_states(tokens, positions)
+    def __call__(
+        self,
+        tokens: jax.Array,
+        positions: jax.Array | None = None,
+        segments: jax.Array | None = None,
+    ) -> jax.Array:
+        x = self.hidden_states(tokens, positions, segments)
         head = self.embed[...].T if self.cfg.tie_embeddings else self.lm_head[...]
         b, t, d = x.shape
         logits = (x.reshape(b * t, d) @ head).reshape(b, t, -1)

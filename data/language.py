@@ -64,7 +64,8 @@ LINGUIST_NAMES = {
     "verilog": "Verilog",
     "systemverilog": "SystemVerilog",
     "vhdl": "VHDL",
-    "Rocq Prover": "Coq",
+    # linguist renamed Coq to "Rocq Prover" (the vendored table's ``.coq``); one name for both.
+    "Coq": "Rocq Prover",
     "COBOLFree": "COBOL",
     "aspx-cs": "ASP.NET",
     "aspx-vb": "ASP.NET",
@@ -150,7 +151,9 @@ GENERIC_TAGS = frozenset(
 # Default for extensions Pygments gives to several lexers and no heuristic decides.
 AMBIGUOUS_DEFAULT = {
     "h": "C",
-    "m": "Objective-C",
+    # An Objective-C ``.m`` file nearly always has ``#import``/``@implementation`` (its
+    # heuristic); one without them is a MATLAB script (``x = linspace(0, 1); plot(x)``).
+    "m": "MATLAB",
     "pl": "Perl",
     "pm": "Perl",
     "t": "Perl",
@@ -272,7 +275,16 @@ HEURISTICS: dict[str, list[tuple[str, re.Pattern[str]]]] = {
             re.compile(r"\b(public|private|global)\s+(with|without)?\s*(sharing\s+)?class\b", re.I),
         ),
     ],
-    "v": [("Coq", re.compile(r"^\s*(Require|Theorem|Lemma|Proof|Qed|Definition|Inductive)\b", _H))],
+    "v": [
+        (
+            "Rocq Prover",
+            re.compile(
+                r"^\s*(From\s+\w+\s+)?(Require|Theorem|Lemma|Proof|Qed|Definition|Inductive|"
+                r"Fixpoint|Section|Module|Set\s+Implicit|Import|Hypothesis|Variable)\b",
+                _H,
+            ),
+        )
+    ],
     "md": [("GCC Machine Description", re.compile(r"^\s*\((define_|;;)", _H))],
     "rs": [("RenderScript", re.compile(r"^\s*#pragma\s+(version|rs\s+java_package_name)", _H))],
     "r": [("Rebol", re.compile(r"\bREBOL\s*\[", re.I))],
@@ -282,7 +294,13 @@ HEURISTICS: dict[str, list[tuple[str, re.Pattern[str]]]] = {
         ("TSQL", re.compile(r"^\s*GO\s*$|\bIF\s+OBJECT_ID\b|\bNVARCHAR\b", _H | re.I)),
         (
             "PLSQL",
-            re.compile(r"\bCREATE\s+OR\s+REPLACE\s+PACKAGE\b|\bBEGIN\b[\s\S]*\bEXCEPTION\b", re.I),
+            re.compile(
+                r"\bCREATE\s+OR\s+REPLACE\s+PACKAGE\b|\bBEGIN\b[\s\S]*\bEXCEPTION\b|"
+                # linguist heuristics.yml's PLSQL markers: sequences, Oracle types and functions.
+                r"\$\$PLSQL_|\bXMLTYPE\b|\bsystimestamp\b|\.nextval\b|\bCONNECT\s+BY\b|"
+                r"\bAUTHID\s+(DEFINER|CURRENT_USER)\b|^\s*:(NEW|OLD)\.\w+\s*:=",
+                _H | re.I,
+            ),
         ),
     ],
     "fs": [("Forth", re.compile(r"^\s*: \S+|\bVARIABLE\b", _H))],
@@ -296,8 +314,32 @@ HEURISTICS: dict[str, list[tuple[str, re.Pattern[str]]]] = {
 _MODELINE_VIM = re.compile(
     r"(?:vim?|ex)\s*:(?:\s*set?)?[^\n]*?\b(?:ft|filetype|syntax)=([\w+#.-]+)"
 )
-_MODELINE_EMACS = re.compile(r"-\*-(?:[^\n]*?mode:\s*([\w+#.-]+)|\s*([\w+#.-]+)\s*)-\*-", re.I)
+# Emacs: ``-*- mode: python -*-``, ``-*- Mode: C++; tab-width: 8 -*-`` or ``-*- python -*-``.
+_MODELINE_EMACS = re.compile(
+    r"-\*-(?:[^\n]*?\bmode:\s*([\w+#.-]+)[^\n]*?|\s*([\w+#.-]+)\s*)-\*-", re.I
+)
 _SHEBANG = re.compile(r"^#!\s*(\S+)(?:\s+(\S+))?")
+# ``#!/usr/bin/env -S deno run -A``: env's options (``-S``, ``-i``, ``-u NAME``) before the
+# interpreter, as linguist's shebang strategy skips them.
+_ENV_ARGS = re.compile(r"^#!\s*\S*/env((?:\s+-\w+|\s+-u\s+\S+|\s+\w+=\S*)*)\s+([^\s-]\S*)")
+
+# Interpreters linguist's ``languages.yml`` lists that neither identify nor Pygments knows.
+LINGUIST_INTERPRETERS = {
+    "deno": "TypeScript",
+    "ts-node": "TypeScript",
+    "tsx": "TypeScript",
+    "Rscript": "R",
+    "tclsh": "Tcl",
+    "wish": "Tcl",
+    "pwsh": "PowerShell",
+    "osascript": "AppleScript",
+    "runghc": "Haskell",
+    "runhaskell": "Haskell",
+    "qjs": "JavaScript",
+    "gjs": "JavaScript",
+    "d8": "JavaScript",
+    "rhino": "JavaScript",
+}
 
 # linguist vendor.yml (condensed): paths of third-party code.
 VENDORED = re.compile(
@@ -329,7 +371,9 @@ GENERATED_HEADER = re.compile(
 
 # ``docker build -f Dockerfile.dev``: linguist lists only ``Dockerfile``/``Containerfile``
 # and the ``.dockerfile`` extension, so these per-environment variants would be unknown.
-DOCKERFILE_VARIANT = re.compile(r"^(Dockerfile|Containerfile)\.[\w.-]+$")
+DOCKERFILE_VARIANT = re.compile(r"^(Dockerfile|Containerfile)[._-][\w.-]+$")
+# ``Jenkinsfile.release``, ``Jenkinsfile-nightly``: per-pipeline variants of a Jenkinsfile.
+JENKINSFILE_VARIANT = re.compile(r"^Jenkinsfile[._-][\w.-]+$")
 
 
 def _linguist(name: str) -> str:
@@ -408,6 +452,8 @@ def _from_identify_tags(tags: set[str] | frozenset[str]) -> str | None:
 def _interpreter_language(interp: str) -> str | None:
     _, _, _, aliases = _tables()
     base = posixpath.basename(interp)
+    if base in LINGUIST_INTERPRETERS:
+        return LINGUIST_INTERPRETERS[base]
     candidates = [base, re.sub(r"[\d.]+$", "", base)]
     for c in candidates:
         if c in id_interp.INTERPRETERS:
@@ -443,6 +489,8 @@ def detect_language(path: str, content: str) -> tuple[str, str]:
         return _linguist_tables()[1][base], "filename"
     if DOCKERFILE_VARIANT.match(base):
         return "Dockerfile", "filename"
+    if JENKINSFILE_VARIANT.match(base):
+        return "Groovy", "filename"
     if base in by_name:
         return by_name[base][0], "filename"
     if base in id_ext.NAMES:
@@ -455,6 +503,9 @@ def detect_language(path: str, content: str) -> tuple[str, str]:
         interp = m.group(1)
         if posixpath.basename(interp) == "env" and m.group(2):
             interp = m.group(2)
+            if interp.startswith("-"):
+                e = _ENV_ARGS.match(head)
+                interp = e.group(2) if e else interp
         lang = _interpreter_language(interp)
         if lang:
             return lang, "shebang"
@@ -470,7 +521,9 @@ def detect_language(path: str, content: str) -> tuple[str, str]:
         ext = base.rsplit(".", 1)[1]
         langs = by_ext.get(ext) or by_ext.get(ext.lower())
         low = ext.lower()
-        if low in HEURISTICS and (langs is None or len(langs) > 1 or low in ("ts", "md", "rs")):
+        # Pygments may know one lexer where linguist knows several (``.cls``: TeX, Apex,
+        # OpenEdge ABL, ...), so an extension with heuristics always runs them.
+        if low in HEURISTICS:
             for lang, rx in HEURISTICS[low]:
                 if rx.search(content[:50_000]):
                     return lang, "heuristic"

@@ -26,7 +26,7 @@ from typing import IO
 import license_expression
 
 from data.config import LicenseConfig
-from data.license_text import LicenseMatch, identify_parts
+from data.license_text import LicenseMatch, header_block, header_notice_id, identify_parts
 from data.records import FileRecord, StageStats
 from data.step import StepRun
 
@@ -36,6 +36,14 @@ LICENSE_FILE = re.compile(
     re.I,
 )
 README_FILE = re.compile(r"^readme(\.\w+)?$", re.I)
+# ``license.py``, ``License.java``, ``license_check.go``, ``licenses.ts``: source files
+# named after licenses, not license texts (licensee also leaves code extensions out).
+CODE_SUFFIX = re.compile(
+    r"\.(py|pyi|pyx|js|mjs|cjs|jsx|ts|tsx|go|java|kt|kts|scala|groovy|rb|php|c|h|cc|cpp|cxx|"
+    r"hpp|hh|cs|fs|vb|rs|swift|m|mm|dart|lua|pl|pm|r|jl|ex|exs|erl|hs|ml|clj|sh|bash|zsh|ps1|"
+    r"bat|vue|svelte|json|ya?ml|toml|xml|css|scss|less|sql|proto|gradle|ipynb|lock)$",
+    re.I,
+)
 # The expression ends at the line's end or at a comment's closer: C ``*/``, OCaml and
 # Pascal ``*)``, Haskell ``-}``, HTML ``-->``, Jinja ``#}``.
 SPDX_LINE = re.compile(r"SPDX-License-Identifier:\s*([^\n*#]+?)\s*(?:\*/|\*\)|-\}|-->|#\}|$)", re.M)
@@ -45,8 +53,24 @@ MANIFEST_FILE = re.compile(
 PROPRIETARY_MARKERS = frozenset({"UNLICENSED", "PROPRIETARY"})
 """npm's and others' word for "no permission granted": a declared license, not an absent one."""
 _README_SECTION = re.compile(
-    r"^(#+\s*|)licen[cs]e\s*:?\s*$\n(?:[-=]+\s*\n)?([\s\S]{0,3000})", re.M | re.I
+    r"^(#+\s*|)(?:[^\w\s]+\s*)?licen[cs]e\s*:?\s*$\n(?:[-=~]+\s*\n)?([\s\S]{0,3000})", re.M | re.I
 )
+# Names a README's license section spells out: (pattern, SPDX id).
+_README_NAMES = [
+    (re.compile(r"\bApache\s+(?:Licen[cs]e,?\s+)?(?:Version\s+|v)?2\.0\b", re.I), "Apache-2.0"),
+    (re.compile(r"\bMIT\b"), "MIT"),
+    (re.compile(r"\b(?:BSD[ -]3[ -]Clause|3[ -]Clause\s+BSD)\b", re.I), "BSD-3-Clause"),
+    (re.compile(r"\b(?:BSD[ -]2[ -]Clause|2[ -]Clause\s+BSD)\b", re.I), "BSD-2-Clause"),
+    (
+        re.compile(r"\bMozilla\s+Public\s+Licen[cs]e,?\s+(?:Version\s+|v\.?\s*)?2\.0", re.I),
+        "MPL-2.0",
+    ),
+    (re.compile(r"\bBoost\s+Software\s+Licen[cs]e\b", re.I), "BSL-1.0"),
+    (re.compile(r"\bThe\s+Unlicense\b", re.I), "Unlicense"),
+]
+# A token that is an SPDX id as written (``Apache-2.0``, ``GPL-3.0-or-later``, ``0BSD``).
+_README_TOKEN = re.compile(r"(?<![\w/.-])[A-Za-z0-9][A-Za-z0-9.+-]*\d[A-Za-z0-9.+-]*(?<![.])")
+_CHOICE = re.compile(r"\beither\b|at\s+your\s+option|\bdual[- ]licen", re.I)
 
 PERMISSIVE = "permissive"
 NO_LICENSE = "no_license"
@@ -100,7 +124,10 @@ def expression_keys(expression: str) -> tuple[str, ...]:
     parsed = parse_spdx(expression)
     if parsed is None:
         return ()
-    return tuple(sorted(set(_licensing().license_keys(parsed))))
+    symbols = _licensing().license_symbols(parsed, decompose=True)
+    licenses = {s.key for s in symbols if not getattr(s, "is_exception", False)}
+    # An exception alone (a REUSE ``LICENSES/Classpath-exception-2.0.txt``) still names itself.
+    return tuple(sorted(licenses or {s.key for s in symbols}))
 
 
 def classify_expression(expression: str, extra: Iterable[str] = ()) -> str:
@@ -197,15 +224,20 @@ def manifest_license(path: str, content: str) -> list[LicenseMatch]:
     return found or [LicenseMatch(UNIDENTIFIED, 0.0, 0, "manifest")]
 
 
+def _license_name(base: str) -> bool:
+    return LICENSE_FILE.match(base) is not None and not CODE_SUFFIX.search(base)
+
+
 def is_license_file(path: str) -> bool:
-    """Whether a path names a license file (LICENSE, COPYING, NOTICE, ...)."""
-    return LICENSE_FILE.match(posixpath.basename(path)) is not None
+    """Whether a path names a license file (LICENSE, COPYING, NOTICE, ...), not source
+    code named after one (``license.py``, ``License.java``)."""
+    return _license_name(posixpath.basename(path))
 
 
 def license_of_file(path: str, content: str, min_score: float) -> list[LicenseMatch]:
     """Licenses declared by a license file or a README's license section, with scores."""
     base = posixpath.basename(path)
-    if LICENSE_FILE.match(base):
+    if _license_name(base):
         return license_matches(content, min_score)
     if README_FILE.match(base):
         ids = [m.group(1).strip() for m in SPDX_LINE.finditer(content)]
@@ -214,7 +246,7 @@ def license_of_file(path: str, content: str, min_score: float) -> list[LicenseMa
             return found
         m = _README_SECTION.search(content)
         if m:
-            section = m.group(2)
+            section = _readme_section_text(m.group(2))
             inline = re.match(
                 r"\s*(?:this project is |released |licensed )?(?:under )?(?:the )?"
                 r"([A-Za-z0-9.+-]+(?: (?:AND|OR|WITH) [A-Za-z0-9.+-]+)*)\b",
@@ -222,8 +254,38 @@ def license_of_file(path: str, content: str, min_score: float) -> list[LicenseMa
             )
             if inline and expression_keys(inline.group(1)):
                 return expression_matches([inline.group(1)], "readme")
+            named = _readme_names(section)
+            if named:
+                return expression_matches([named], "readme")
             return license_matches(section, min_score)
     return []
+
+
+def _readme_section_text(section: str) -> str:
+    """A README license section up to its next heading, links and markup reduced to text
+    (``[MIT](LICENSE)`` -> ``MIT``)."""
+    section = re.split(r"(?m)^#{1,6}\s|^\S[^\n]*\n[-=~]{3,}\s*$", section, maxsplit=1)[0]
+    section = re.sub(r"!\[[^\]]*\]\([^)]*\)", " ", section)  # badges
+    section = re.sub(r"\[([^\]]*)\]\([^)]*\)", r"\1", section)
+    section = re.sub(r"https?://\S+", " ", section)
+    return re.sub(r"[*_`]+", "", section)
+
+
+def _readme_names(section: str) -> str:
+    """The expression a README license section states in words: the SPDX ids and license
+    names it gives (``Distributed under the MIT License``), joined by OR when it offers a
+    choice ("Licensed under either of ... at your option"), else by AND."""
+    found: list[tuple[int, str]] = []
+    for rx, spdx in _README_NAMES:
+        found += [(m.start(), spdx) for m in rx.finditer(section)]
+    for m in _README_TOKEN.finditer(section):
+        keys = expression_keys(m.group(0))
+        if keys == (m.group(0),):
+            found.append((m.start(), m.group(0)))
+    ids = list(dict.fromkeys(spdx for _, spdx in sorted(found)))
+    if not ids:
+        return ""
+    return (" OR " if _CHOICE.search(section) else " AND ").join(ids)
 
 
 class _Spill:
@@ -372,7 +434,7 @@ class LicenseStep:
                 )
                 continue
             manifest = MANIFEST_FILE.match(base) is not None
-            if not (LICENSE_FILE.match(base) or README_FILE.match(base) or manifest):
+            if not (_license_name(base) or README_FILE.match(base) or manifest):
                 continue
             content = spill.content(rec)
             if manifest:
@@ -381,7 +443,7 @@ class LicenseStep:
                 matches = license_of_file(rec.path, content, self.config.min_score)
             if (
                 not matches
-                and LICENSE_FILE.match(base)
+                and _license_name(base)
                 and content.strip()
                 and not base.lower().startswith(("notice", "copyright"))
             ):
@@ -407,9 +469,20 @@ class LicenseStep:
             if rec.drop_stage:
                 continue
             head = spill.content(rec)[:3000] if id(rec) in spill.where else rec.content[:3000]
-            spdx = [m.group(1).strip() for m in SPDX_LINE.finditer(head)]
+            # Only the file's leading comments declare its license (not a string further on).
+            spdx = [m.group(1).strip() for m in SPDX_LINE.finditer(header_block(head))]
             keys = tuple(k for e in spdx for k in expression_keys(e))
-            if keys and not is_license_file(rec.path):
+            notice = None if keys or is_license_file(rec.path) else header_notice_id(head)
+            if notice:
+                # A standard notice in the header ("This program is free software ... GNU
+                # General Public License ... version 2"): the file's own, like an SPDX tag.
+                rec.license_ids, rec.license_source, rec.license_score = (
+                    (notice,),
+                    "notice-header",
+                    1.0,
+                )
+                rec.license_type = classify_expression(notice, self.config.extra_permissive)
+            elif keys and not is_license_file(rec.path):
                 rec.license_ids, rec.license_source, rec.license_score = keys, "spdx-header", 1.0
                 rec.license_type = classify_expression(
                     " AND ".join(f"({e})" for e in spdx if expression_keys(e)),

@@ -199,3 +199,97 @@ def identify_parts(text: str, min_score: float = 0.8, max_parts: int = 16) -> li
         if notice:
             found.append(LicenseMatch(notice, 1.0, 0, "notice"))
     return found
+
+
+# --------------------------------------------------------------------------- file headers
+
+_BLOCKS = (
+    ('"""', '"""'),
+    ("'''", "'''"),
+    ('r"""', '"""'),
+    ("/*", "*/"),
+    ("(*", "*)"),
+    ("{-", "-}"),
+    ("<!--", "-->"),
+    ("{#", "#}"),
+    ("<#", "#>"),
+    ("--[[", "]]"),
+    ("=begin", "=end"),
+)
+_COMMENT_LINE = re.compile(
+    r"(?:#|//|\*|--|;|%|!|'|::|\.\.(?:\s|$)|(?:@?REM|dnl)(?:\s|$))", re.IGNORECASE
+)
+_PROLOG = re.compile(r"(?:#!|<\?php|<\?xml|<!DOCTYPE|---$|@echo\s+off)", re.IGNORECASE)
+
+
+def header_block(text: str, limit: int = 3000) -> str:
+    """A file's leading comments: shebang or XML/PHP prolog, comment lines, block comments
+    and docstrings, up to its first line of code.
+
+    A license tag or notice counts only here, where REUSE and the Linux kernel put it: a
+    ``SPDX-License-Identifier`` inside a string or test fixture further down (a license
+    tool's own source) declares nothing about the file.
+    """
+    kept: list[str] = []
+    closer = ""
+    for line in text[:limit].splitlines():
+        if closer:
+            kept.append(line)
+            closer = "" if closer in line else closer
+            continue
+        s = line.strip().lstrip("\ufeff")
+        if not s or _PROLOG.match(s):
+            kept.append(line)
+            continue
+        block = next(((o, c) for o, c in _BLOCKS if s.startswith(o)), None)
+        if block:
+            kept.append(line)
+            closer = "" if block[1] in s[len(block[0]) :] else block[1]
+            continue
+        if _COMMENT_LINE.match(s):
+            kept.append(line)
+            continue
+        break
+    return "\n".join(kept)
+
+
+_GNU = re.compile(
+    r"(?is)(?:redistribute\s+it\s+and/or\s+modify|is\s+free\s+software).{0,300}?under\s+the\s+"
+    r"terms\s+of\s+the\s+GNU\s+(Lesser\s+|Library\s+|Affero\s+)?General\s+Public\s+"
+    r"Licen[cs]e.{0,200}?version\s+(\d(?:\.\d)?)(.{0,120}?any\s+later\s+version)?"
+)
+_GNU_IDS = {"": "GPL", "lesser": "LGPL", "library": "LGPL", "affero": "AGPL"}
+HEADER_NOTICES = [
+    (
+        re.compile(r"(?is)Licensed\s+under\s+the\s+Apache\s+License,?\s+Version\s+2\.0"),
+        "Apache-2.0",
+    ),
+    (NOTICES[0][0], "MPL-2.0"),
+    (
+        re.compile(
+            r"(?is)made\s+available\s+under\s+the\s+terms\s+of\s+the\s+Eclipse\s+Public\s+"
+            r"License\s+v\.?\s*2\.0"
+        ),
+        "EPL-2.0",
+    ),
+]
+
+
+def header_notice_id(text: str) -> str | None:
+    """The SPDX id of a standard license notice in a file's leading comments (the GNU
+    "This program is free software ... under the terms of the GNU General Public License
+    ... version 2 ... or any later version" paragraph, Apache's "Licensed under the
+    Apache License, Version 2.0", MPL-2.0's and EPL-2.0's), as ScanCode detects notices;
+    a passing mention of a license ("unlike the GPL version 2 tool") is no notice."""
+    head = header_block(text)
+    m = _GNU.search(head)
+    if m:
+        family = _GNU_IDS[(m.group(1) or "").strip().lower()]
+        version = m.group(2) if "." in m.group(2) else m.group(2) + ".0"
+        if family == "LGPL" and version == "2.0" and "lesser" in (m.group(1) or "").lower():
+            version = "2.1"
+        return f"{family}-{version}-{'or-later' if m.group(3) else 'only'}"
+    for rx, spdx in HEADER_NOTICES:
+        if rx.search(head):
+            return spdx
+    return None

@@ -318,10 +318,13 @@ def test_pii_time_is_linear_in_findings_and_line_length() -> None:
     )
     line = " ".join(f"cfg{i}_key=v{i}" for i in range(60_000))
     det = PIIDetector()
-    t0 = time.perf_counter()
+    # This thread's CPU time, not wall time: on a loaded 2-core box (CI's two workers,
+    # other processes) the wall time of the same work measured 3x to 7x its CPU time, and
+    # this bound failed 1 run in 4. The detector is single-threaded pure Python.
+    t0 = time.thread_time()
     assert len(det.find(log)) == 20_000
     det.find(line)
-    assert time.perf_counter() - t0 < 4.0
+    assert time.thread_time() - t0 < 4.0
 
 
 @pytest.mark.parametrize(("split", "recall"), [("dev", 0.86), ("test", 0.70)])

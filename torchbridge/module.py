@@ -439,10 +439,34 @@ def _refuse_autocast(name: str) -> None:
                 f"torchbridge: module '{name}' ran inside torch.autocast({device!r}, "
                 f"dtype={torch.get_autocast_dtype(device)}), which has no effect on the "
                 "bridged module (its tensors live on JAX): it would silently compute in "
-                "float32. Remove the autocast region; the module computes in the dtype of "
-                "its parameters and inputs, so cast explicitly (x.to(torch.bfloat16)) "
-                "where 16-bit compute is wanted."
+                "float32. Remove the autocast region and build the engine with "
+                "jc.Engine(precision='bf16') (or 'fp16', with loss scaling): the module's "
+                "weights and float32 inputs are cast for its compute."
             )
+
+
+def _refuse_foreign(mod: Any, root: str) -> None:
+    """Refuse a torch module with its own parameters called inside a bridged call.
+
+    Only the prepared module's parameters are JAX arrays there; another module's (the
+    discriminator called in a GAN generator's loss) are torch CPU tensors, which torchax
+    cannot mix with them ("mixed math between XLATensor and torch.Tensor").
+    """
+    from torchax import tensor
+
+    plain = [n for n, p in mod.named_parameters() if not isinstance(p, tensor.Tensor)]
+    if not plain:
+        return
+    raise UnsupportedError(
+        f"torchbridge: module '{type(mod).__name__}' (parameter {plain[0]!r}) ran inside a "
+        f"bridged call of '{root}' but is not the one prepared for this step nor part of "
+        "it: its parameters are torch's own tensors, not the step's. Put the models used "
+        "together in one nn.Module (e.g. a container holding the generator and the "
+        "discriminator) and prepare that, once per optimizer if each optimizer trains its "
+        "own part; before each step, copy the other part's trained parameters into that "
+        "state (state.replace(params={**state.params, 'D': jax.tree.map(jnp.copy, "
+        "other.params['D'])}))."
+    )
 
 
 def _grad_scaler_refused(_scaler: Any, _outputs: Any) -> Any:
@@ -594,6 +618,8 @@ def _module_stack(root: Any) -> Iterator[list[str]]:
         if id(mod) in names:
             _refuse_autocast(names[id(mod)] or type(mod).__name__)
             stack.append(names[id(mod)])
+        else:
+            _refuse_foreign(mod, type(root).__name__)
 
     def post(mod, _inputs, _outputs):
         if id(mod) in names and stack:

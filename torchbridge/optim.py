@@ -14,6 +14,11 @@ Adam       ``add_decayed_weights(wd)``, ``scale_by_adam(b1, b2, eps)`` (with tor
            step count per parameter: `scale_by_adam_per_parameter`), ``scale(-lr)``
 AdamW      ``scale_by_adam``, ``add_decayed_weights(wd)`` (decoupled), ``scale(-lr)``:
            ``p - lr * (adam + wd * p)`` is torch's ``p * (1 - lr * wd) - lr * adam``
+           (``amsgrad=True``: torch's maximum of the uncorrected second moment)
+Adagrad    ``add_decayed_weights(wd)``, `scale_by_adagrad_torch` (``lr_decay``,
+           ``initial_accumulator_value``, eps outside the root), ``scale(-lr)``
+RMSprop    ``add_decayed_weights(wd)``, `scale_by_rmsprop_torch` (``alpha``, ``centered``,
+           ``momentum``, eps outside the root), ``scale(-lr)``
 =========  ==============================================================================
 
 Learning rates (and, for OneCycleLR, the momentum / ``beta1``) are injected per step with
@@ -44,6 +49,8 @@ Schedule = Callable[[Any], Any]
 
 _SGD_OK = {"lr", "momentum", "dampening", "weight_decay", "nesterov", "maximize"}
 _ADAM_OK = {"lr", "betas", "eps", "weight_decay", "amsgrad", "maximize"}
+_ADAGRAD_OK = {"lr", "lr_decay", "eps", "weight_decay", "initial_accumulator_value", "maximize"}
+_RMSPROP_OK = {"lr", "alpha", "eps", "weight_decay", "momentum", "centered", "maximize"}
 # Options that change speed or memory, not the update.
 _IGNORED = {
     "foreach",
@@ -83,7 +90,7 @@ def _lambda_steps(fn: Callable[[int], float], steps: int | None) -> int:
     )
 
 
-def _lambda_lr(scheduler: Any, group: int, offset: int, steps: int | None) -> Schedule:
+def _lambda_lr(scheduler: Any, group: int, pos: SchedulePosition, steps: int | None) -> Schedule:
     """torch's LambdaLR (``base_lr * lambda(step)``) as a table evaluated ahead.
 
     The lambda is ordinary Python (``if step < warmup:``, ``math.cos``), which JAX cannot
@@ -91,10 +98,10 @@ def _lambda_lr(scheduler: Any, group: int, offset: int, steps: int | None) -> Sc
     torch's values (rounded to float32, the update's precision).
     """
     fn = scheduler.lr_lambdas[group]
-    count = _lambda_steps(fn, steps)
+    count = scheduler.last_epoch + _lambda_steps(fn, steps)  # from step 0: see `resync`
     base = float(scheduler.base_lrs[group])
     values = []
-    for n in range(offset, offset + count):
+    for n in range(count):
         try:
             values.append(base * float(fn(n)))
         except Exception as e:
@@ -103,7 +110,7 @@ def _lambda_lr(scheduler: Any, group: int, offset: int, steps: int | None) -> Sc
                 f"ahead at step {n}; it must be a pure function of the step number."
             ) from e
     table = jnp.asarray(values, jnp.float32)
-    return lambda n: table[jnp.minimum(n, count - 1)]
+    return lambda n: table[jnp.clip(n + pos.offset, 0, count - 1)]
 
 
 def host_driven(scheduler: Any) -> bool:
@@ -117,10 +124,64 @@ def host_driven(scheduler: Any) -> bool:
     return isinstance(scheduler, ReduceLROnPlateau)
 
 
+class SchedulePosition:
+    """Where a scheduler given to prepare is read: at the optimizer's count + ``offset``.
+
+    ``offset`` is read when the step traces. At a state that is not the step's own output
+    (the first step after prepare, a `jaxcore.Checkpointer` restore), `resync` sets it so
+    the schedule stands where torch's would: at ``scheduler.last_epoch`` when the
+    scheduler was stepped or loaded (``load_state_dict`` of a resumed script: the restored
+    count already holds those steps, which used to be added twice), and at the restored
+    count for a fresh one (the checkpoint carries the position). `check` then refuses a
+    loop that steps the scheduler at another rate than once per optimizer step (per
+    epoch): prepare applies it per step, so the loop's calls were ignored.
+    """
+
+    def __init__(self, scheduler: Any):
+        self.scheduler = scheduler
+        # Steps taken before prepare (fresh state). ChainedScheduler has no last_epoch;
+        # `schedule_of` refuses it by name.
+        self.offset = int(getattr(scheduler, "last_epoch", 0))
+        self.since = self.offset  # last_epoch when `steps` started counting
+        self.steps = 0  # optimizer steps since then
+
+    def resync(self, count: int) -> bool:
+        """Re-anchor at a state whose optimizer has taken ``count`` steps; True if the
+        offset changed (the step must retrace)."""
+        epoch = int(self.scheduler.last_epoch)
+        offset = epoch - count if epoch else 0
+        self.since, self.steps = epoch, 0
+        changed, self.offset = offset != self.offset, offset
+        return changed
+
+    def check(self) -> None:
+        """Refuse a scheduler the loop steps, but not once per optimizer step."""
+        stepped = int(self.scheduler.last_epoch) - self.since
+        if stepped in (0, self.steps):
+            return
+        kind = type(self.scheduler).__name__
+        raise UnsupportedError(
+            f"torchbridge: the {kind} given to torchbridge.prepare was stepped {stepped} "
+            f"time(s) by the loop after {self.steps} optimizer steps. prepare applies it "
+            "once per optimizer step inside the step, so a scheduler stepped per epoch (or "
+            "at any other rate) would not be followed. For a scheduler you step yourself, "
+            "do not pass it to torchbridge.prepare: keep scheduler.step() in the loop, and "
+            "each step reads group['lr'] as it sets it, as in torch."
+        )
+
+
 def schedule_of(
-    scheduler: Any, group: int, *, schedule_steps: int | None = None
+    scheduler: Any,
+    group: int,
+    *,
+    schedule_steps: int | None = None,
+    position: SchedulePosition | None = None,
 ) -> tuple[Schedule, Schedule | None]:
-    """``(lr(count), beta1_or_momentum(count) or None)`` for one parameter group."""
+    """``(lr(count), beta1_or_momentum(count) or None)`` for one parameter group.
+
+    The schedule is read at ``count + position.offset`` (`SchedulePosition`; by default
+    the scheduler's ``last_epoch``, the steps it took before).
+    """
     from torch.optim import lr_scheduler as S
 
     kind = type(scheduler).__name__
@@ -134,10 +195,11 @@ def schedule_of(
     supported = (S.StepLR, S.CosineAnnealingLR, S.LinearLR, S.OneCycleLR)
     if not (isinstance(scheduler, supported) or type(scheduler) is S.LambdaLR):
         raise UnsupportedError(
-            f"torchbridge: LR scheduler {kind} is not supported; use StepLR, "
-            "CosineAnnealingLR, LinearLR, OneCycleLR or LambdaLR, or pass prepare an optax "
-            "optimizer whose learning rate is an optax schedule (optax.join_schedules "
-            "chains several)."
+            f"torchbridge: LR scheduler {kind} is not supported by prepare (it evaluates "
+            "StepLR, CosineAnnealingLR, LinearLR, OneCycleLR and LambdaLR ahead). Do not "
+            "pass it to prepare and call scheduler.step() in the loop as in torch: each "
+            "step reads group['lr'] as it sets it. Or pass prepare an optax optimizer whose "
+            "learning rate is an optax schedule (optax.join_schedules chains several)."
         )
     if group >= len(scheduler.base_lrs):
         raise UnsupportedError(
@@ -145,28 +207,32 @@ def schedule_of(
             f"scheduler {kind} was built, so the scheduler has no learning rate for it. "
             "Call add_param_group before building the scheduler."
         )
-    offset = scheduler.last_epoch  # steps already taken before prepare
+    pos = position if position is not None else SchedulePosition(scheduler)
     base = float(scheduler.base_lrs[group])
 
     if isinstance(scheduler, S.StepLR):
         size, gamma = scheduler.step_size, scheduler.gamma
-        return lambda n: base * gamma ** ((n + offset) // size), None
+        return lambda n: base * gamma ** ((n + pos.offset) // size), None
     if isinstance(scheduler, S.CosineAnnealingLR):
         t_max, eta_min = scheduler.T_max, scheduler.eta_min
         return (
-            lambda n: eta_min + (base - eta_min) * (1 + jnp.cos(jnp.pi * (n + offset) / t_max)) / 2
+            lambda n: (
+                eta_min + (base - eta_min) * (1 + jnp.cos(jnp.pi * (n + pos.offset) / t_max)) / 2
+            )
         ), None
     if isinstance(scheduler, S.LinearLR):
         start, end, total = scheduler.start_factor, scheduler.end_factor, scheduler.total_iters
         return (
-            lambda n: base * (start + (end - start) * jnp.minimum(n + offset, total) / total)
+            lambda n: base * (start + (end - start) * jnp.minimum(n + pos.offset, total) / total)
         ), None
     if isinstance(scheduler, S.OneCycleLR):
-        return _one_cycle(scheduler, group, offset)
-    return _lambda_lr(scheduler, group, offset, schedule_steps), None
+        return _one_cycle(scheduler, group, pos)
+    return _lambda_lr(scheduler, group, pos, schedule_steps), None
 
 
-def _one_cycle(scheduler: Any, group: int, offset: int) -> tuple[Schedule, Schedule | None]:
+def _one_cycle(
+    scheduler: Any, group: int, pos: SchedulePosition
+) -> tuple[Schedule, Schedule | None]:
     """torch's OneCycleLR phases, evaluated in closed form at step ``n``."""
     opt_group = scheduler.optimizer.param_groups[group]
     cos = scheduler._anneal_func_type == "cos"
@@ -192,7 +258,7 @@ def _one_cycle(scheduler: Any, group: int, offset: int) -> tuple[Schedule, Sched
             begin = float(phase["end_step"])
 
         def fn(n):
-            step = jnp.asarray(n + offset, jnp.float32)
+            step = jnp.asarray(n + pos.offset, jnp.float32)
             out = None
             for begin, end, phase in reversed(bounds):
                 pct = (step - begin) / (end - begin)
@@ -236,20 +302,38 @@ class AdamState(NamedTuple):
     nu: Any
 
 
-def scale_by_adam_per_parameter(b1: Any, b2: Any, eps: Any) -> optax.GradientTransformation:
+class AMSGradState(NamedTuple):
+    """`scale_by_adam_per_parameter(amsgrad=True)`'s state: `AdamState` and the running
+    maximum of ``nu`` (torch's ``max_exp_avg_sq``)."""
+
+    count: Any
+    mu: Any
+    nu: Any
+    nu_max: Any
+
+
+def _counts(params: Any) -> Any:
+    return jax.tree.map(lambda _: jnp.zeros([], jnp.int32), params)
+
+
+def scale_by_adam_per_parameter(
+    b1: Any, b2: Any, eps: Any, *, amsgrad: bool = False
+) -> optax.GradientTransformation:
     """``optax.scale_by_adam`` with one step count per parameter, as torch keeps it.
 
     torch's Adam counts steps per parameter (``state["step"]``): a parameter frozen or
     unread for k steps, then trained again, bias-corrects its moments with its own count,
     not the group's. `skip_without_grad` keeps a skipped parameter's count as it keeps its
-    moments. The arithmetic is optax's, term for term.
+    moments. The arithmetic is optax's, term for term. ``amsgrad`` is torch's: the running
+    maximum of the *uncorrected* second moment, bias-corrected with the current count
+    (``optax.scale_by_amsgrad`` takes the maximum of the corrected one, another rule).
     """
 
     def init(params):
-        count = jax.tree.map(lambda _: jnp.zeros([], jnp.int32), params)
-        return AdamState(
-            count=count, mu=optax.tree.zeros_like(params), nu=optax.tree.zeros_like(params)
-        )
+        zeros = optax.tree.zeros_like(params)
+        if amsgrad:
+            return AMSGradState(_counts(params), zeros, zeros, optax.tree.zeros_like(params))
+        return AdamState(count=_counts(params), mu=zeros, nu=optax.tree.zeros_like(params))
 
     def correct(moment, decay, count):
         return jax.tree.map(lambda t, n: t / (1 - decay**n).astype(t.dtype), moment, count)
@@ -258,20 +342,119 @@ def scale_by_adam_per_parameter(b1: Any, b2: Any, eps: Any) -> optax.GradientTra
         del params
         mu = optax.tree.update_moment(updates, state.mu, b1, 1)
         nu = optax.tree.update_moment_per_elem_norm(updates, state.nu, b2, 2)
+        nu = optax.tree.cast_like(nu, state.nu)
         count = jax.tree.map(optax.safe_increment, state.count)
+        second = jax.tree.map(jnp.maximum, state.nu_max, nu) if amsgrad else nu
         updates = jax.tree.map(
-            lambda m, v: m / (jnp.sqrt(v) + eps), correct(mu, b1, count), correct(nu, b2, count)
+            lambda m, v: m / (jnp.sqrt(v) + eps),
+            correct(mu, b1, count),
+            correct(second, b2, count),
         )
-        return updates, AdamState(count=count, mu=mu, nu=optax.tree.cast_like(nu, state.nu))
+        if amsgrad:
+            return updates, AMSGradState(count, mu, nu, second)
+        return updates, AdamState(count=count, mu=mu, nu=nu)
 
     return optax.GradientTransformation(init, update)
 
 
-def _adam(learning_rate, b1, b2, eps, weight_decay, *, decoupled, maximize):
+class AdagradState(NamedTuple):
+    """`scale_by_adagrad_torch`'s state: torch's per-parameter ``step`` and ``sum``."""
+
+    count: Any
+    sum: Any
+
+
+def scale_by_adagrad_torch(
+    lr_decay: Any, eps: Any, initial_accumulator_value: float
+) -> optax.GradientTransformation:
+    """torch's Adagrad direction: ``g / (sqrt(sum) + eps) / (1 + (step - 1) * lr_decay)``.
+
+    ``optax.scale_by_rss`` puts ``eps`` under the square root and has no ``lr_decay``, so
+    torch's rule is written out: ``sum`` starts at ``initial_accumulator_value`` and gains
+    ``g**2`` per step; the step count is per parameter (torch's ``state["step"]``).
+    """
+
+    def init(params):
+        total = jax.tree.map(lambda p: jnp.full_like(p, initial_accumulator_value), params)
+        return AdagradState(count=_counts(params), sum=total)
+
+    def update(updates, state, params=None):
+        del params
+        count = jax.tree.map(optax.safe_increment, state.count)
+        total = jax.tree.map(lambda s, g: s + g * g, state.sum, updates)
+        updates = jax.tree.map(
+            lambda g, s, n: g / (jnp.sqrt(s) + eps) / (1 + (n - 1) * lr_decay).astype(g.dtype),
+            updates,
+            total,
+            count,
+        )
+        return updates, AdagradState(count=count, sum=total)
+
+    return optax.GradientTransformation(init, update)
+
+
+class RMSpropState(NamedTuple):
+    """`scale_by_rmsprop_torch`'s state: ``square_avg``, ``grad_avg`` (centered) and
+    ``momentum_buffer``, as torch names them."""
+
+    square_avg: Any
+    grad_avg: Any
+    momentum_buffer: Any
+
+
+def scale_by_rmsprop_torch(
+    alpha: Any, eps: Any, momentum: Any, *, centered: bool
+) -> optax.GradientTransformation:
+    """torch's RMSprop direction (before ``-lr``), term for term.
+
+    ``avg = sqrt(square_avg - grad_avg**2 if centered else square_avg) + eps`` (eps outside
+    the root, unlike ``optax.scale_by_rms``'s default), then ``buf = momentum * buf +
+    g / avg`` (a zero momentum gives ``g / avg``, torch's update without a buffer).
+    """
+
+    def init(params):
+        zeros = optax.tree.zeros_like
+        grad_avg = zeros(params) if centered else None
+        return RMSpropState(zeros(params), grad_avg, zeros(params))
+
+    def update(updates, state, params=None):
+        del params
+        sq = jax.tree.map(lambda s, g: alpha * s + (1 - alpha) * g * g, state.square_avg, updates)
+        if centered:
+            ga = jax.tree.map(lambda a, g: a + (1 - alpha) * (g - a), state.grad_avg, updates)
+            avg = jax.tree.map(lambda s, a: jnp.sqrt(s - a * a) + eps, sq, ga)
+        else:
+            ga = None
+            avg = jax.tree.map(lambda s: jnp.sqrt(s) + eps, sq)
+        buf = jax.tree.map(
+            lambda b, g, a: momentum * b + g / a, state.momentum_buffer, updates, avg
+        )
+        return buf, RMSpropState(sq, ga, buf)
+
+    return optax.GradientTransformation(init, update)
+
+
+def _adagrad(learning_rate, lr_decay, eps, weight_decay, *, initial, maximize):
+    parts = [optax.scale(-1.0)] if maximize else []
+    parts.append(optax.add_decayed_weights(weight_decay))
+    parts.append(scale_by_adagrad_torch(lr_decay, eps, initial))
+    parts.append(optax.scale_by_learning_rate(learning_rate))
+    return optax.chain(*parts)
+
+
+def _rmsprop(learning_rate, alpha, eps, momentum, weight_decay, *, centered, maximize):
+    parts = [optax.scale(-1.0)] if maximize else []
+    parts.append(optax.add_decayed_weights(weight_decay))
+    parts.append(scale_by_rmsprop_torch(alpha, eps, momentum, centered=centered))
+    parts.append(optax.scale_by_learning_rate(learning_rate))
+    return optax.chain(*parts)
+
+
+def _adam(learning_rate, b1, b2, eps, weight_decay, *, decoupled, maximize, amsgrad=False):
     parts = [optax.scale(-1.0)] if maximize else []
     if not decoupled:
         parts.append(optax.add_decayed_weights(weight_decay))
-    parts.append(scale_by_adam_per_parameter(b1, b2, eps))
+    parts.append(scale_by_adam_per_parameter(b1, b2, eps, amsgrad=amsgrad))
     if decoupled:
         parts.append(optax.add_decayed_weights(weight_decay))
     parts.append(optax.scale_by_learning_rate(learning_rate))
@@ -301,16 +484,12 @@ def _group_transform(
         )
     if type(optimizer) in (torch.optim.Adam, torch.optim.AdamW):
         _check(kind, group, _ADAM_OK)
-        if group.get("amsgrad"):
-            raise UnsupportedError(
-                f"torchbridge: {kind}(amsgrad=True) is not supported; use amsgrad=False, or "
-                "pass prepare an optax transformation (optax.amsgrad)."
-            )
         decoupled = type(optimizer) is torch.optim.AdamW or bool(
             group.get("decoupled_weight_decay", False)
         )
         b1, b2 = group["betas"]
-        return optax.inject_hyperparams(_adam, static_args=("decoupled", "maximize"))(
+        static = ("decoupled", "maximize", "amsgrad")
+        return optax.inject_hyperparams(_adam, static_args=static)(
             learning_rate=lr,
             b1=beta if beta is not None else float(b1),
             b2=float(b2),
@@ -318,10 +497,32 @@ def _group_transform(
             weight_decay=float(group["weight_decay"]),
             decoupled=decoupled,
             maximize=maximize,
+            amsgrad=bool(group.get("amsgrad", False)),
+        )
+    if type(optimizer) is torch.optim.Adagrad:
+        _check(kind, group, _ADAGRAD_OK)
+        return optax.inject_hyperparams(_adagrad, static_args=("initial", "maximize"))(
+            learning_rate=lr,
+            lr_decay=float(group["lr_decay"]),
+            eps=float(group["eps"]),
+            weight_decay=float(group["weight_decay"]),
+            initial=float(group["initial_accumulator_value"]),
+            maximize=maximize,
+        )
+    if type(optimizer) is torch.optim.RMSprop:
+        _check(kind, group, _RMSPROP_OK)
+        return optax.inject_hyperparams(_rmsprop, static_args=("centered", "maximize"))(
+            learning_rate=lr,
+            alpha=float(group["alpha"]),
+            eps=float(group["eps"]),
+            momentum=beta if beta is not None else float(group["momentum"]),
+            weight_decay=float(group["weight_decay"]),
+            centered=bool(group["centered"]),
+            maximize=maximize,
         )
     raise UnsupportedError(
-        f"torchbridge: optimizer {kind} is not supported; use torch.optim.SGD, Adam or AdamW "
-        "(or pass an optax transformation)."
+        f"torchbridge: optimizer {kind} is not supported; use torch.optim.SGD, Adam, AdamW, "
+        "Adagrad or RMSprop (or pass an optax transformation)."
     )
 
 
@@ -375,6 +576,7 @@ def to_optax(
     *,
     schedule_steps: int | None = None,
     clip_grad_value: float | None = None,
+    position: SchedulePosition | None = None,
 ) -> optax.GradientTransformation:
     """The optax transformation with the same update as ``optimizer`` (and ``scheduler``).
 
@@ -384,16 +586,37 @@ def to_optax(
     ``LambdaLR`` lambda is evaluated for when its horizon cannot be read from it.
     ``clip_grad_value`` clips every gradient element to ``[-v, v]`` first, what
     ``torch.nn.utils.clip_grad_value_(model.parameters(), v)`` before ``step()`` does
-    (the bridged loop has no ``.grad`` for that call to clip).
+    (the bridged loop has no ``.grad`` for that call to clip). ``position`` is where the
+    schedule is read (`SchedulePosition`; `torchbridge.prepare` re-anchors it at a restore).
     """
-    tx = _to_optax(optimizer, module, scheduler, schedule_steps)
+    if scheduler is not None and position is None:
+        position = SchedulePosition(scheduler)
+    tx = _to_optax(optimizer, module, scheduler, schedule_steps, position)
     if clip_grad_value is None:
         return tx
     return optax.chain(optax.clip(float(clip_grad_value)), tx)
 
 
+def _stepped(param_state: dict) -> bool:
+    """Whether one parameter's torch optimizer state is more than its constructor's.
+
+    Adagrad builds ``step = 0`` and ``sum = initial_accumulator_value`` in its
+    constructor, so a fresh one already has tensors; any state with a positive step, or
+    tensors without a step (SGD's ``momentum_buffer``), was stepped or loaded.
+    """
+    import torch
+
+    if "step" in param_state:
+        return float(param_state["step"]) > 0
+    return any(torch.is_tensor(v) for v in param_state.values())
+
+
 def _to_optax(
-    optimizer: Any, module: Any, scheduler: Any | None, schedule_steps: int | None
+    optimizer: Any,
+    module: Any,
+    scheduler: Any | None,
+    schedule_steps: int | None,
+    position: SchedulePosition | None,
 ) -> optax.GradientTransformation:
     import torch
 
@@ -403,7 +626,7 @@ def _to_optax(
         )
     if scheduler is not None and scheduler.optimizer is not optimizer:
         raise UnsupportedError("to_optax: the scheduler belongs to a different optimizer.")
-    stateful = [k for st in optimizer.state.values() for k, v in st.items() if torch.is_tensor(v)]
+    stateful = [k for st in optimizer.state.values() if _stepped(st) for k in st]
     if stateful:
         raise UnsupportedError(
             f"to_optax: the {type(optimizer).__name__} already holds state "
@@ -426,7 +649,7 @@ def _to_optax(
             labels[by_id[id(p)]] = f"group{i}"
         lr, beta = (float(group["lr"]), None)
         if scheduler is not None:
-            lr, beta = schedule_of(scheduler, i, schedule_steps=schedule_steps)
+            lr, beta = schedule_of(scheduler, i, schedule_steps=schedule_steps, position=position)
         transforms[f"group{i}"] = skip_without_grad(
             _group_transform(optimizer, group, lr, beta), module
         )
@@ -456,8 +679,24 @@ _FED = {
     "momentum": ("momentum",),
     "betas": ("b1", "b2"),
     "eps": ("eps",),
+    "alpha": ("alpha",),
+    "lr_decay": ("lr_decay",),
 }
 Fed = tuple[tuple[str, str, float], ...]
+
+
+def optimizer_count(opt_state: Any) -> int | None:
+    """The optimizer's step count (``inject_hyperparams``' count: what schedules read)."""
+    found: list[Any] = []
+
+    def visit(node: Any) -> bool:
+        if isinstance(node, optax.InjectStatefulHyperparamsState):
+            found.append(node.count)
+            return True
+        return False
+
+    jax.tree.leaves(opt_state, is_leaf=visit)
+    return int(jax.device_get(found[0])) if found else None
 
 
 class HostHyperparams:
@@ -470,8 +709,14 @@ class HostHyperparams:
     drives (the learning rate; OneCycleLR's momentum or beta1) come from the schedule.
     """
 
-    def __init__(self, optimizer: Any, scheduler: Any | None = None):
+    def __init__(
+        self,
+        optimizer: Any,
+        scheduler: Any | None = None,
+        position: SchedulePosition | None = None,
+    ):
         self.optimizer = optimizer
+        self.position = position  # where the scheduler given to prepare is read
         self.groups = len(optimizer.param_groups)
         # Whether the loop's latest `optimizer.zero_grad` kept zeroed gradients
         # (set_to_none=False), so torch would still step a parameter that had one.

@@ -32,7 +32,7 @@ from jaxcore.step import LossFn, TrainStep
 from torchbridge.data import numpy_tree
 from torchbridge.errors import UnsupportedError
 from torchbridge.module import TorchModel
-from torchbridge.optim import Fed, HostHyperparams
+from torchbridge.optim import Fed, HostHyperparams, optimizer_count
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -83,6 +83,13 @@ class TorchTrainStep(TrainStep):
         model = self.plan.torch_model
         self._traced = (*self._host, model.skipped())
         model.stepped()
+        hyper = self.plan.hyperparams
+        if hyper is not None:
+            # torch's schedulers warn "lr_scheduler.step() before optimizer.step()" unless
+            # the optimizer's step ran; this step is that optimizer step.
+            hyper.optimizer._opt_called = True
+            if hyper.position is not None:
+                hyper.position.steps += 1
         return out
 
     def before_step(self, state: TrainState, *, own: bool) -> TrainState:
@@ -91,6 +98,12 @@ class TorchTrainStep(TrainStep):
         hyper = self.plan.hyperparams
         if hyper is None:
             return state
+        position = hyper.position
+        if position is not None and not own:  # prepare or a restore: where torch stands
+            if position.resync(optimizer_count(state.opt_state) or 0):
+                self.jitted.clear_cache()
+        elif position is not None:
+            position.check()  # a loop stepping the prepared scheduler per epoch
         values = hyper.read()
         # Only what changed since the last call, unless the state is not this step's own
         # output (a restored or re-prepared one): then every value.

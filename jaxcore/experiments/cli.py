@@ -64,7 +64,7 @@ def _db(args: argparse.Namespace, config: Any = None) -> str:
 def _store(args: argparse.Namespace, config: Any = None, *, create: bool = False) -> Any:
     """Open the store; a command that only reads refuses a SQLite file that is absent
     (opening it would silently create an empty database)."""
-    from jaxcore.experiments.store import Store, normalize_url, safe_url
+    from jaxcore.experiments.store import normalize_url, safe_url
 
     url = normalize_url(_db(args, config))
     if not create and url.startswith("sqlite:///"):
@@ -75,7 +75,37 @@ def _store(args: argparse.Namespace, config: Any = None, *, create: bool = False
                 "an existing experiment with --db or JAXCORE_DB."
             )
     print(f"jaxcore: store {safe_url(url)}", file=sys.stderr, flush=True)
-    return Store(url)
+    return _open_store(url)
+
+
+def _open_store(url: str) -> Any:
+    """`Store(url)`, with a URL that names no database, a database without its driver
+    or a server that does not answer as one-line `ConfigError`s (they were tracebacks)."""
+    import sqlalchemy as sa
+
+    from jaxcore.experiments.store import Store, safe_url
+
+    kinds = "sqlite:///PATH/jaxcore.db or postgresql://USER@HOST/DB"
+    try:
+        return Store(url)
+    except sa.exc.ArgumentError:
+        raise ConfigError(
+            f"store {url!r} is not a database URL; write {kinds} (--db or $JAXCORE_DB)."
+        ) from None
+    except (sa.exc.NoSuchModuleError, ImportError) as e:
+        raise ConfigError(
+            f"store {safe_url(url)}: this database is not supported here ({e}); use {kinds}."
+        ) from None
+    except sa.exc.OperationalError as e:
+        cause = (str(e.orig).strip().splitlines() or [type(e.orig).__name__])[0]
+        check = (
+            "check the file's path and permissions"
+            if url.startswith("sqlite")
+            else "check that its server is up and the URL's host, port and credentials"
+        )
+        raise ConfigError(
+            f"store {safe_url(url)} cannot be opened: {cause}; {check}, or give another with --db."
+        ) from None
 
 
 def _print_table(rows: list[dict], cols: list[str]) -> None:

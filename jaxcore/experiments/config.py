@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import pathlib
 import re
 from typing import Any
 
@@ -209,6 +210,18 @@ def _categorical_vals(field: str, vals: Any) -> tuple:
         return ()
     if not isinstance(vals, list | tuple):
         raise _err(field, f"{vals!r} is a {type(vals).__name__}; write a list, e.g. [{vals!r}].")
+    # Choices Python compares equal (1, 1.0 and true; 0 and false; a list twice) are one
+    # choice to a searcher: Optuna records a choice by its index (``list.index``), so a
+    # trial that ran with `true` is recorded, and modelled, as having run with 1.
+    for i, a in enumerate(vals):
+        for b in vals[:i]:
+            if a == b:
+                raise _err(
+                    field,
+                    f"{b!r} and {a!r} are the same choice (Python compares them equal), so "
+                    "a search cannot tell them apart; list each value once (quote one, "
+                    "e.g. 'true', to keep both).",
+                )
     return tuple(vals)
 
 
@@ -562,12 +575,28 @@ def parse_config(raw: dict[str, Any], *, base_dir: str | None = None) -> Experim
 def load_config(path: str | os.PathLike, overrides: dict | None = None) -> ExperimentConfig:
     """Read and validate a YAML experiment file (relative paths are from the CWD)."""
     try:
-        with open(path) as f:
+        with open(path, encoding="utf-8") as f:
             raw = yaml_load(f.read())
     except FileNotFoundError:
         raise ConfigError(f"experiment config {path}: no such file.") from None
+    except IsADirectoryError:
+        raise ConfigError(
+            f"experiment config {path}: is a folder; give the YAML file in it (e.g. "
+            f"{pathlib.Path(path) / 'experiment.yaml'})."
+        ) from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            f"experiment config {path}: not UTF-8 text (byte {e.start}); give the YAML "
+            "file, saved as UTF-8."
+        ) from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"experiment config {path}: not valid YAML ({e}).") from None
+        # One line: PyYAML's message spans several (problem, context, a caret line).
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(
+            f"experiment config {path}: not valid YAML{where}: {problem}; fix the file there."
+        ) from None
     if raw is not None and not isinstance(raw, dict):
         raise ConfigError(
             f"experiment config {path}: the top level is a {type(raw).__name__}, not a "

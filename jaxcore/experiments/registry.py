@@ -33,6 +33,8 @@ import shutil
 import uuid
 from typing import Any
 
+import sqlalchemy as sa
+
 from jaxcore.errors import ConfigError
 from jaxcore.experiments.store import MAX_ROW_ID, Store
 
@@ -143,9 +145,16 @@ class Registry:
         tags: list[str] | None = None,
     ) -> int:
         check_model_name(name)
+        exists = ConfigError(f"model {name!r} already exists; register a version instead.")
         if self.store.model(name) is not None:
-            raise ConfigError(f"model {name!r} already exists; register a version instead.")
-        return self.store.create_model(name, description, metadata, tags)
+            raise exists
+        try:
+            return self.store.create_model(name, description, metadata, tags)
+        except sa.exc.IntegrityError:
+            # Another command created the name between the check and this insert.
+            if self.store.model(name) is not None:
+                raise exists from None
+            raise
 
     def register(
         self,
@@ -321,11 +330,15 @@ class Registry:
     def compare(self, name: str, metric: str, *, smaller_is_better: bool = True) -> list[dict]:
         """Versions ordered best-first by ``metric`` (versions without it come last)."""
 
-        def key(v: dict) -> float:
+        def key(v: dict) -> tuple[int, float]:
+            # A diverged version's NaN or infinite metric ranks after every finite one
+            # (NaN compares false with everything and would leave the list unsorted).
             value = (v.get("metrics") or {}).get(metric)
             if value is None:
-                return math.inf
-            return value if smaller_is_better else -value
+                return (3, 0.0)
+            if math.isnan(value):
+                return (2, 0.0)
+            return (0 if math.isfinite(value) else 1, value if smaller_is_better else -value)
 
         return sorted(self.describe(name)["versions"], key=key)
 
@@ -361,7 +374,14 @@ class Registry:
     def load(self, name: str, ref: int | str = "latest", *, engine: Any = None) -> Any:
         """Parameters of a version: a nested dict of NumPy arrays, or, with a prepared
         ``engine``, arrays sharded on its mesh (`jaxcore.load_params`)."""
-        path = pathlib.Path(self.version(name, ref)["path"])
+        row = self.version(name, ref)
+        path = pathlib.Path(row["path"])
+        if not path.exists():
+            raise ConfigError(
+                f"model {name!r} version {row['version']}: its files are gone (no {path}; "
+                "deleted by hand?). Register its checkpoint again as a new version with "
+                f"'jaxcore model register {name} CHECKPOINT'."
+            )
         if path.name == "state.json":
             return json.loads(path.read_text())["state"]
         if engine is not None:

@@ -49,8 +49,14 @@ _STORAGE_FULL = (
 )
 
 
+# What SQLite says of a file that is no (longer a whole) database: a copy cut short, a
+# file overwritten by another program.
+_DAMAGED = ("database disk image is malformed", "file is not a database")
+
+
 class StoreError(JaxcoreError):
-    """The experiment store cannot be written: its disk is full or read-only."""
+    """The experiment store cannot be written (its disk is full or read-only) or read (its
+    file is damaged)."""
 
 
 meta = sa.MetaData()
@@ -207,13 +213,50 @@ def safe_url(url: str) -> str:
         return url
 
 
-def _sqlite_setup(engine: sa.Engine) -> None:
+def _nearest_existing(path: str) -> str:
+    path = os.path.abspath(path)
+    while not os.path.exists(path) and os.path.dirname(path) != path:
+        path = os.path.dirname(path)
+    return path
+
+
+def sqlite_read_only(path: str) -> str | None:
+    """Why the SQLite file at ``path`` cannot be written here, or None when it can:
+    ``"file system"`` (mounted read-only: an archive, a read-only share) or
+    ``"permission"`` (no write permission on the file or its folder, where SQLite keeps
+    the ``-wal``/``-shm`` files of a WAL database)."""
+    folder = _nearest_existing(os.path.dirname(os.path.abspath(path)))
+    try:
+        if os.statvfs(folder).f_flag & os.ST_RDONLY:
+            return "file system"
+    except OSError:
+        return None
+    if not os.access(folder, os.W_OK) or (os.path.exists(path) and not os.access(path, os.W_OK)):
+        return "permission"
+    return None
+
+
+def sqlite_read_only_url(path: str, why: str | None) -> str:
+    """A URL opening ``path`` read-only.
+
+    SQLite opens a WAL database read-only only where its ``-shm`` file exists or can be
+    created, else 'unable to open database file'. On a read-only file system nothing can
+    change the file, so it is opened ``immutable`` (no ``-shm`` needed); in a folder this
+    user may not write, too when there is no ``-shm`` (no writer has it open now).
+    """
+    immutable = why == "file system" or (why == "permission" and not os.path.exists(f"{path}-shm"))
+    extra = "&immutable=1" if immutable else ""
+    return f"sqlite:///file:{os.path.abspath(path)}?mode=ro{extra}&uri=true"
+
+
+def _sqlite_setup(engine: sa.Engine, *, read_only: bool = False) -> None:
     @event.listens_for(engine, "connect")
     def _connect(dbapi_conn, _record):
         dbapi_conn.isolation_level = None  # let SQLAlchemy's BEGIN below govern
         cur = dbapi_conn.cursor()
-        cur.execute("PRAGMA journal_mode=WAL")
-        cur.execute("PRAGMA synchronous=NORMAL")
+        if not read_only:  # a read-only connection keeps the file's journal mode
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA synchronous=NORMAL")
         cur.execute("PRAGMA busy_timeout=60000")
         cur.execute("PRAGMA foreign_keys=ON")
         cur.close()
@@ -221,8 +264,9 @@ def _sqlite_setup(engine: sa.Engine) -> None:
     @event.listens_for(engine, "begin")
     def _begin(conn):
         # Take the write lock up front: a deferred transaction that later upgrades to
-        # a writer can fail with SQLITE_BUSY without waiting for the busy timeout.
-        conn.exec_driver_sql("BEGIN IMMEDIATE")
+        # a writer can fail with SQLITE_BUSY without waiting for the busy timeout. (A
+        # read-only store can take no write lock: its writes fail as `StoreError`s.)
+        conn.exec_driver_sql("BEGIN" if read_only else "BEGIN IMMEDIATE")
 
 
 class Store:
@@ -232,17 +276,31 @@ class Store:
         self.url = normalize_url(url)
         self._local = threading.local()  # the connection of an open `transaction()`
         self._uuid: str | None = None
+        # Why this store cannot be written here (a read-only file system or folder): it is
+        # then opened read-only, so commands that only read work, and a write says so.
+        self.read_only: str | None = None
         if self.url.startswith("sqlite:///"):
             path = self.url.removeprefix("sqlite:///")
+            url = self.url
             if path and path != ":memory:":
-                os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+                self.read_only = sqlite_read_only(path)
+                if self.read_only and not os.path.isfile(path):
+                    raise StoreError(
+                        f"the experiment store {path} cannot be created: its folder is on "
+                        f"a read-only {self._why()}. Give a writable workdir (or --db URL "
+                        "/ $JAXCORE_DB)."
+                    )
+                if self.read_only:
+                    url = sqlite_read_only_url(path, self.read_only)
+                else:
+                    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
             self.engine = sa.create_engine(
-                self.url, connect_args={"timeout": 60, "check_same_thread": False}
+                url, connect_args={"timeout": 60, "check_same_thread": False}
             )
-            _sqlite_setup(self.engine)
+            _sqlite_setup(self.engine, read_only=bool(self.read_only))
         else:
             self.engine = sa.create_engine(self.url, pool_pre_ping=True)
-        if create:
+        if create and not self.read_only:
             self._retry(lambda: meta.create_all(self.engine))
             self._retry(lambda: _add_missing_columns(self.engine))
 
@@ -271,16 +329,41 @@ class Store:
         self.engine.dispose()
 
     # ----------------------------------------------------------------- plumbing
+    def _why(self) -> str:
+        return {
+            "file system": "file system (mounted read-only)",
+            "permission": "folder or file this user may not write (no write permission)",
+        }.get(self.read_only or "", "file system or folder")
+
     @contextlib.contextmanager
     def _storage_errors(self) -> Iterator[None]:
         """Turn a write the database's storage refused into a `StoreError` that says so."""
         try:
             yield
-        except sa.exc.OperationalError as e:
+        except sa.exc.DatabaseError as e:
             text = str(e).lower()
+            damage = next((k for k in _DAMAGED if k in text), None)
+            if damage is not None:
+                path = self.url.removeprefix("sqlite:///")
+                raise StoreError(
+                    f"the experiment store {path} is damaged (SQLite: {damage}), e.g. a copy "
+                    f"cut short: check it with `sqlite3 {path} 'PRAGMA integrity_check'`, then "
+                    "restore it from a copy, or save what it holds with `sqlite3 "
+                    f"{path} .recover | sqlite3 RECOVERED.db` and use --db sqlite:///"
+                    "RECOVERED.db."
+                ) from e
+            if not isinstance(e, sa.exc.OperationalError):
+                raise
             reason = next((k for k in _STORAGE_FULL if k in text), None)
             if reason is None:
                 raise
+            if self.read_only or reason == "readonly database":
+                raise StoreError(
+                    f"the experiment store {safe_url(self.url)} is read-only here: it is on "
+                    f"a read-only {self._why()}. Commands that only read it (list, "
+                    "describe, logs, jaxcore ui) work; to run or change experiments, use a "
+                    "copy in a writable folder (--db sqlite:///COPY) or remount it writable."
+                ) from e
             raise StoreError(
                 f"the experiment store {safe_url(self.url)} cannot be written: {reason}. "
                 "What it recorded before is intact and trials resume from their latest "

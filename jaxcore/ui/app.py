@@ -2,7 +2,9 @@
 
 Pages are static HTML + JavaScript shipped in the package (``jaxcore/ui/static``, the
 Chart.js build vendored next to them, so it works offline). Each page fetches its data
-from ``/api/...`` and polls with the revision it has (``?since=REV``); the server answers
+from ``/api/...`` (a NaN or infinite number spelled "NaN", "Infinity", "-Infinity":
+JSON has no literal for them, see `queries.wire`) and polls with the revision it has
+(``?since=REV``); the server answers
 ``{"unchanged": true}`` until the store changes, so a running search updates the page
 without a reload and an idle page costs a few cheap queries a second. Only GET routes
 exist: the dashboard cannot change an experiment.
@@ -134,25 +136,27 @@ def create_app(
         return {
             "revision": rev,
             "store": reader.url.split("@")[-1],
-            "experiments": queries.list_experiments(reader),
+            "experiments": queries.wire(queries.list_experiments(reader)),
         }
 
     @app.get("/api/experiments/{exp_id}")
     def api_experiment(exp_id: RowId, since: str | None = None) -> dict[str, Any]:
         if since is not None and since == queries.revision(reader, exp_id=exp_id):
             return {"revision": since, "unchanged": True}
-        return found(queries.experiment_detail(reader, exp_id), f"experiment {exp_id}")
+        return queries.wire(
+            found(queries.experiment_detail(reader, exp_id), f"experiment {exp_id}")
+        )
 
     @app.get("/api/trials/{trial_id}")
     def api_trial(trial_id: RowId, since: str | None = None) -> dict[str, Any]:
         if since is not None and since == queries.trial_revision(reader, trial_id):
             return {"revision": since, "unchanged": True}
-        return found(queries.trial_detail(reader, trial_id), f"trial {trial_id}")
+        return queries.wire(found(queries.trial_detail(reader, trial_id), f"trial {trial_id}"))
 
     @app.get("/api/models")
     def api_models() -> dict[str, Any]:
         return {
-            "models": queries.list_models(reader),
+            "models": queries.wire(queries.list_models(reader)),
             "datasets": {name: str(p) for name, p in roots.items()},
         }
 

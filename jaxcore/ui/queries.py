@@ -15,6 +15,7 @@ import functools
 import hashlib
 import json
 import logging
+import math
 import os
 import pathlib
 import threading
@@ -90,6 +91,42 @@ def warn_once(message: str) -> None:
     log.warning("jaxcore ui: %s", message)
 
 
+# How the API spells the floats JSON has no literal for, as protobuf's proto3 JSON mapping
+# does: a diverged trial's NaN or infinite loss used to go out as ``null``, the same as a
+# value never reported. The pages read them back with ``UI.num`` (``Number("NaN")``).
+NONFINITE = {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}
+
+
+def wire(value: Any) -> Any:
+    """``value`` with every non-finite float spelled as a string (see `NONFINITE`)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return NONFINITE[str(value)]
+    if isinstance(value, dict):
+        return {k: wire(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [wire(v) for v in value]
+    return value
+
+
+def rank(value: Any, smaller_is_better: bool) -> tuple[int, float]:
+    """Sort key of a metric, best first: finite values in the search's direction, then
+    the infinities, then NaN, then a missing value (as the searchers rank a diverged trial
+    last, `jaxcore.experiments.searchers.base.SearchMethod.value`)."""
+    if value is None or isinstance(value, bool) or not isinstance(value, int | float):
+        return (3, 0.0)
+    if math.isnan(value):
+        return (2, 0.0)
+    score = value if smaller_is_better else -value
+    return (0 if math.isfinite(value) else 1, score)
+
+
+def best_value(values: Iterable[Any], smaller_is_better: bool) -> Any:
+    """The best of ``values`` by `rank`: the best finite one where there is one, else an
+    infinity or NaN (the trial diverged), else None."""
+    best = min(values, key=lambda v: rank(v, smaller_is_better), default=None)
+    return None if rank(best, smaller_is_better)[0] == 3 else best
+
+
 def _json_as_text(_inspector: Any, _table: sa.Table, column: dict[str, Any]) -> None:
     """Reflect SQLite's JSON columns as text so that `_json` decodes them, one value at a
     time, instead of SQLAlchemy failing the whole query on one bad value."""
@@ -129,8 +166,10 @@ class StoreReader:
         self.url = _store.normalize_url(url)
         self.path = sqlite_path(self.url)
         if self.path is not None:
-            # mode=ro: the database refuses writes; the UI can never change a search.
-            ro = f"sqlite:///file:{os.path.abspath(self.path)}?mode=ro&uri=true"
+            # mode=ro: the database refuses writes; the UI can never change a search. On a
+            # read-only file system (an archived workdir) it is also opened immutable, or
+            # SQLite cannot open a WAL database whose -shm file it cannot create there.
+            ro = _store.sqlite_read_only_url(self.path, _store.sqlite_read_only(self.path))
             self.engine = sa.create_engine(ro, connect_args={"timeout": 30})
         else:
             self.engine = sa.create_engine(
@@ -298,7 +337,7 @@ def _asha_rungs(trials: list[dict], curves: dict[int, list[list]], smaller: bool
                             "promoted": int(t.get("steps_done") or 0) > u,
                         }
                     )
-            at.sort(key=lambda a: a["metric"] if smaller else -a["metric"])
+            at.sort(key=lambda a: rank(a["metric"], smaller))
             rungs.append({"units": u, "trials": at})
         out.append({"units": list(units), "trials": len(members), "rungs": rungs})
     return out
@@ -354,13 +393,8 @@ def experiment_detail(r: StoreReader, exp_id: int) -> dict[str, Any] | None:
     rows = _metric_rows(r, [t["id"] for t in trials], kind="validation")
     curves = _curves(rows, "validation", metric)
     latest = {tid: pts[-1][1] for tid, pts in curves.items() if pts}
-    pick = min if smaller else max
     # The store keeps the experiment's best; a trial's best comes from its validations.
-    best_of = {
-        tid: pick(v for _, v in pts if v is not None)
-        for tid, pts in curves.items()
-        if any(v is not None for _, v in pts)
-    }
+    best_of = {tid: best_value((v for _, v in pts), smaller) for tid, pts in curves.items()}
     hp_names = sorted({k for t in trials for k in (t.get("hparams") or {})})
     out_trials = [
         {
@@ -378,10 +412,9 @@ def experiment_detail(r: StoreReader, exp_id: int) -> dict[str, Any] | None:
         }
         for t in trials
     ]
-    best = [t for t in out_trials if t["best_metric"] is not None]
-    best_trial = None
-    if best:
-        best_trial = pick(best, key=lambda t: t["best_metric"])["id"]
+    # Only a finite value makes a trial the best one (never a NaN or an infinite loss).
+    best = [t for t in out_trials if rank(t["best_metric"], smaller)[0] == 0]
+    best_trial = min(best, key=lambda t: rank(t["best_metric"], smaller))["id"] if best else None
     searcher = _searcher(exp)
     detail = {
         **summary,
@@ -425,9 +458,7 @@ def _trial_best(t: dict, series: dict, searcher: dict) -> float | None:
     if t.get("best_metric") is not None:
         return t["best_metric"]
     values = [v for _, v in series.get("validation", {}).get(searcher.get("metric"), [])]
-    if not values:
-        return None
-    return min(values) if searcher.get("smaller_is_better", True) else max(values)
+    return best_value(values, searcher.get("smaller_is_better", True))
 
 
 def trial_detail(r: StoreReader, trial_id: int) -> dict[str, Any] | None:

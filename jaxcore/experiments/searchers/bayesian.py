@@ -12,15 +12,56 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 
 import optuna
+import sqlalchemy as sa
 
 from jaxcore.experiments.config import ExperimentConfig, Param
 from jaxcore.experiments.early_stopping import make_pruner
 from jaxcore.experiments.searchers.base import Action, Create, SearchMethod, Stop
+from jaxcore.experiments.store import StoreError, safe_url
 
 log = logging.getLogger(__name__)
 optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+# How long a study database another process holds may keep us waiting: the store's own
+# busy timeout (`jaxcore.experiments.store`), not sqlite3's default 5 s.
+SQLITE_WAIT_S = 60
+SCHEMA_RACE_ATTEMPTS = 5
+
+
+def study_storage(url: str | None) -> optuna.storages.BaseStorage | None:
+    """The Optuna RDB storage at ``url`` (None: in memory), safe to open from several
+    processes at once.
+
+    Two commands opening a fresh database both find no Optuna schema and both stamp its
+    version; the later one's insert fails (``UNIQUE constraint failed:
+    alembic_version.version_num``). Opened again, it finds the schema made and goes on.
+    A SQLite file another writer holds is waited for as the store waits for it.
+    """
+    if url is None:
+        return None
+    kwargs = {"connect_args": {"timeout": SQLITE_WAIT_S}} if url.startswith("sqlite") else {}
+    for attempt in range(SCHEMA_RACE_ATTEMPTS):
+        try:
+            return optuna.storages.RDBStorage(url, engine_kwargs=kwargs)
+        except sa.exc.IntegrityError:  # the schema another process created at once
+            if attempt == SCHEMA_RACE_ATTEMPTS - 1:
+                raise
+            time.sleep(0.05 * (attempt + 1))
+        except sa.exc.OperationalError as e:
+            if "locked" not in str(e).lower() and "busy" not in str(e).lower():
+                raise
+            raise StoreError(
+                f"the Optuna study storage {safe_url(url)} stayed locked for "
+                f"{SQLITE_WAIT_S} s: another process holds a write transaction on it "
+                "(another jaxcore experiment command on this store, or a sqlite3 shell "
+                "with an open transaction). Let it finish or stop it, then run `jaxcore "
+                "experiment resume ID`."
+            ) from e
+    return None
 
 
 def distribution(p: Param) -> optuna.distributions.BaseDistribution:
@@ -45,7 +86,7 @@ class BayesianSearch(SearchMethod):
             direction="minimize" if s.smaller_is_better else "maximize",
             sampler=sampler,
             pruner=make_pruner(s.pruner, s),
-            storage=s.optuna_storage,
+            storage=study_storage(s.optuna_storage),
             study_name=study_name,
             load_if_exists=study_name is not None,
         )

@@ -9,7 +9,7 @@ function facts(d) {
   const items = [
     ["state", UI.state(d.state)], ["searcher", d.searcher || "–"],
     ["metric", `${d.metric || "–"} ${d.smaller_is_better ? "(lower is better)" : "(higher is better)"}`],
-    ["best metric", UI.el("b", { id: "best-metric" }, UI.fmt(d.best_metric))],
+    ["best metric", UI.el("b", { id: "best-metric" }, UI.metric(d.best_metric))],
     ["best trial", d.best_trial ? UI.link(`/trials/${d.best_trial}`, `#${d.best_trial}`) : "–"],
     ["trials", UI.el("b", { id: "trial-count" }, d.trials)],
     ["progress", `${d.progress.done}/${d.progress.expected} trials done`],
@@ -21,8 +21,9 @@ function facts(d) {
 function curves(d) {
   const ids = Object.keys(d.curves).sort((a, b) => a - b);
   const datasets = ids.map((id, i) => ({
-    label: `trial ${id}`, trialId: Number(id),
-    data: d.curves[id].map(([x, y]) => ({ x, y })),
+    label: `trial ${id}` + (d.curves[id].some(([, y]) => UI.nonfinite(y)) ? " (diverged)" : ""),
+    trialId: Number(id),
+    data: d.curves[id].map(([x, y]) => ({ x, y: UI.y(y) })),
     borderColor: UI.color(i), backgroundColor: UI.color(i), borderWidth: 1.5,
     pointRadius: d.curves[id].length > 30 ? 0 : 2,
   }));
@@ -42,7 +43,7 @@ function scatter(d) {
   }
   const name = select.value || numeric[0];
   const pts = d.trials_detail
-    .filter((t) => typeof t.hparams[name] === "number" && (t.best_metric ?? t.latest_metric) !== null)
+    .filter((t) => typeof t.hparams[name] === "number" && UI.y(t.best_metric ?? t.latest_metric) !== null)
     .map((t) => ({ x: t.hparams[name], y: t.best_metric ?? t.latest_metric, trial: t.id }));
   UI.chart("scatter", "scatter", [{ label: `${name} vs ${d.metric}`, data: pts, pointRadius: 4,
     backgroundColor: UI.color(0) }], name || "hyperparameter", d.metric || "metric");
@@ -56,8 +57,8 @@ function trialsTable(d) {
     UI.el("td", {}, UI.state(t.state)),
     ...d.hparam_names.map((n) => UI.el("td", { class: "num" }, UI.fmt(t.hparams[n]))),
     UI.el("td", { class: "num" }, `${UI.fmt(t.steps_done)}/${UI.fmt(t.max_length)}`),
-    UI.el("td", { class: "num best" }, UI.fmt(t.best_metric)),
-    UI.el("td", { class: "num latest" }, UI.fmt(t.latest_metric)),
+    UI.el("td", { class: "num best" }, UI.metric(t.best_metric)),
+    UI.el("td", { class: "num latest" }, UI.metric(t.latest_metric)),
     UI.el("td", { class: "num" }, UI.fmt(t.restarts)),
     UI.el("td", {}, t.parent_trial ? UI.link(`/trials/${t.parent_trial}`, `#${t.parent_trial}`) : ""),
   ));
@@ -76,7 +77,7 @@ function ashaRungs(brackets) {
         UI.el("td", { class: "num promoted" }, r.trials.filter((t) => t.promoted).length),
         UI.el("td", { class: "chips" }, ...r.trials.map((t) => UI.el("a", {
           class: "chip" + (t.promoted ? " promoted" : ""), href: `/trials/${t.trial}`,
-          title: `metric ${UI.fmt(t.metric)}` }, `#${t.trial} ${UI.fmt(t.metric)}`))),
+          title: `metric ${UI.metricText(t.metric)}` }, `#${t.trial} ${UI.metricText(t.metric)}`))),
       ))),
   ));
 }

@@ -20,7 +20,7 @@ function renderExperiments(data) {
     UI.el("td", { class: "state" }, UI.state(e.state)),
     UI.el("td", { class: "searcher" }, e.searcher || "–"),
     UI.el("td", {}, `${e.metric || "–"} ${e.smaller_is_better ? "↓" : "↑"}`),
-    UI.el("td", { class: "num best" }, UI.fmt(e.best_metric)),
+    UI.el("td", { class: "num best" }, UI.metric(e.best_metric)),
     progressCell(e.progress),
     UI.el("td", { class: "num trials" }, e.trials),
     UI.el("td", { class: "muted" }, Object.entries(e.trials_by_state).map(([s, n]) => `${s} ${n}`).join(", ")),

@@ -37,7 +37,7 @@ async function main() {
       UI.el("tr", { dataset: { version: v.version } },
         UI.el("td", {}, `v${v.version}`),
         UI.el("td", { class: "aliases" }, v.aliases.join(", ")),
-        UI.el("td", { class: "metrics" }, Object.entries(v.metrics).map(([k, x]) => `${k}=${UI.fmt(x)}`).join(", ")),
+        UI.el("td", { class: "metrics" }, Object.entries(v.metrics).map(([k, x]) => `${k}=${UI.metricText(x)}`).join(", ")),
         lineage(v.lineage, d.datasets),
         UI.el("td", { class: "muted" }, (v.created || "").replace("T", " ").slice(0, 19))))),
   )));

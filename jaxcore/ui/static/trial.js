@@ -10,7 +10,7 @@ function render(d) {
     UI.link(`/experiments/${d.experiment_id}`, `experiment #${d.experiment_id} (${d.experiment_name})`));
   const items = [
     ["state", UI.state(d.state)], ["steps", `${UI.fmt(d.steps_done)}/${UI.fmt(d.max_length)}`],
-    [`best ${d.metric || "metric"}`, UI.el("b", { id: "best-metric" }, UI.fmt(d.best_metric))],
+    [`best ${d.metric || "metric"}`, UI.el("b", { id: "best-metric" }, UI.metric(d.best_metric))],
     ["restarts", UI.el("b", { id: "restarts" }, d.restarts)],
     d.preemptions === null || d.preemptions === undefined
       ? ["last run preempted", UI.el("b", { id: "preempted" }, d.preempted_last_exit ? "yes (exit 75)" : "no")]
@@ -22,7 +22,7 @@ function render(d) {
   for (const kind of ["validation", "training"]) {
     const series = d.series[kind] || {};
     const datasets = Object.keys(series).sort().map((name, i) => ({
-      label: name, data: series[name].map(([x, y]) => ({ x, y })),
+      label: name, data: series[name].map(([x, y]) => ({ x, y: UI.y(y) })),
       borderColor: UI.color(i), backgroundColor: UI.color(i), borderWidth: 1.5,
       pointRadius: series[name].length > 30 ? 0 : 2,
     }));
@@ -34,7 +34,7 @@ function render(d) {
     ["#id", "#step", "state", "metrics", "format", "path"],
     d.checkpoints.map((c) => UI.el("tr", { dataset: { checkpoint: c.id } },
       UI.el("td", {}, c.id), UI.el("td", { class: "num" }, c.step), UI.el("td", {}, UI.state(c.state)),
-      UI.el("td", {}, Object.entries(c.metrics || {}).map(([k, v]) => `${k}=${UI.fmt(v)}`).join(", ")),
+      UI.el("td", {}, Object.entries(c.metrics || {}).map(([k, v]) => `${k}=${UI.metricText(v)}`).join(", ")),
       UI.el("td", {}, c.format), UI.el("td", { class: "muted" }, c.path))),
     { id: "checkpoints-table" }) : UI.el("p", { class: "muted" }, "no checkpoints"));
   const logs = document.getElementById("logs");

@@ -67,6 +67,24 @@ const UI = {
     return String(v);
   },
 
+  // The API spells NaN and the infinities as the strings "NaN", "Infinity", "-Infinity"
+  // (JSON has no literal for them; null is a value that is missing, not a diverged one).
+  nonfinite(v) { return v === "NaN" || v === "Infinity" || v === "-Infinity"; },
+  num(v) { return UI.nonfinite(v) ? Number(v) : v; },
+  // A metric as text: NaN, +inf, -inf for a diverged value, "–" for a missing one.
+  metricText(v) {
+    if (!UI.nonfinite(v)) return UI.fmt(v);
+    return v === "NaN" ? "NaN" : v === "Infinity" ? "+inf" : "-inf";
+  },
+  // A metric for a table cell: a diverged value is marked (span.diverged) and says so.
+  metric(v) {
+    if (!UI.nonfinite(v)) return UI.fmt(v);
+    const text = UI.metricText(v);
+    return UI.el("span", { class: "diverged", title: `diverged: the trial reported ${text}` }, text);
+  },
+  // A chart point's y: none (a gap) for a non-finite value, which no axis can place.
+  y(v) { return typeof v === "number" && Number.isFinite(v) ? v : null; },
+
   state(s) { return UI.el("span", { class: `state state-${String(s).toLowerCase()}` }, s); },
 
   // headers: "name", or "#name" for a right-aligned numeric column.

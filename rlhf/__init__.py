@@ -29,7 +29,7 @@ from rlhf.models import (
     token_logprobs,
 )
 from rlhf.ppo import PPOConfig, PPOTrainer
-from rlhf.reward import pair_scores, reward_loss
+from rlhf.reward import export_reward_model, pair_scores, reward_loss
 from rlhf.rewards import ModelReward, RewardError, load_reward_model, score_rollout
 from rlhf.rollout import IdTokenizer, Rollout, Sampler
 from rlhf.scoring import logprob_scorer, parity, truncated_is_weights, value_scorer
@@ -58,6 +58,7 @@ __all__ = [
     "build_roles",
     "chat_example",
     "dpo_objective",
+    "export_reward_model",
     "latest_iteration",
     "lm_factory",
     "load_config",

@@ -288,6 +288,7 @@ def run_rl(
                 f"{where}: record {empty}: the prompt is empty; a rollout starts from at "
                 "least one prompt token."
             )
+        _check_prompt_room(records, cfg, where)
         fixed = [r["prompt"] for r in records]
     rewards = [(load_reward(s), s.weight) for s in cfg.rewards]
     reward_model = None
@@ -459,7 +460,10 @@ def _save_state(
         # SIGTERM stays with the run's own handler (`sigterm_stop`): see role_checkpointer.
         jc.CheckpointConfig(directory=directory, async_save=False, save_on_sigterm=False),
         engine=engine,
-        run_config=stage_record(cfg.stage, cfg.model),  # what reward.model: checks
+        # what reward.model: checks (an HF-started reward model has no head bias)
+        run_config=stage_record(
+            cfg.stage, cfg.model, head_bias=not (cfg.stage == "reward" and cfg.model_hf)
+        ),
     ) as ckpt:
         fault_point(step, "saving")
         ckpt.save(state, force=True, step=step)
@@ -494,7 +498,7 @@ def run_supervised(
     from jaxcore import Preempted
     from rlhf.dpo import dpo_objective, with_reference
     from rlhf.layout import copy_role
-    from rlhf.models import scalar_head_factory
+    from rlhf.models import hf_scalar_head_factory, scalar_head_factory
     from rlhf.reward import reward_loss
     from rlhf.sft import pack, sft_loss
 
@@ -516,10 +520,12 @@ def run_supervised(
         train_b = _batches(_pair_arrays(train, cfg.stage), t.batch_size, "data (train pairs)")
         held_b = _batches(_pair_arrays(held, cfg.stage), t.batch_size, "data.held_out (pairs)")
         if cfg.stage == "reward":
-            factory, loss_fn = (
-                scalar_head_factory(cfg.model),
-                reward_loss(center_coef=loss.center_coef),
+            factory = (
+                scalar_head_factory(cfg.model)
+                if cfg.model_hf is None
+                else hf_scalar_head_factory(cfg.model_hf, engine, seed=t.seed)
             )
+            loss_fn = reward_loss(center_coef=loss.center_coef)
         else:
             factory = _policy_factory(cfg, engine)
             loss_fn = dpo_objective(
@@ -580,6 +586,24 @@ def _joined() -> bool:
     import jax
 
     return bool(jax.distributed.is_initialized())
+
+
+def _check_prompt_room(records: list[dict], cfg: RunConfig, where: str) -> None:
+    """Every prompt leaves ``max_tokens`` of room in the sampler's context (``serving.
+    max_len``, else ``model.max_seq_len``), checked at start: the sampler would refuse it
+    only at the iteration that first draws it (TRL truncates prompts to a
+    ``max_prompt_length`` the user sets; here the user shortens or drops them)."""
+    limit = cfg.serving.max_len or cfg.model.max_seq_len
+    max_tokens = getattr(cfg, cfg.stage).max_tokens
+    for i, r in enumerate(records, 1):
+        n = len(r["prompt"])
+        if n + max_tokens > limit:
+            raise ConfigError(
+                f"{where}: record {i}: the prompt has {n} tokens and {cfg.stage}.max_tokens "
+                f"is {max_tokens} ({n + max_tokens} in all), over the sampler's context of "
+                f"{limit} tokens (serving.max_len); shorten or drop the prompt, lower "
+                f"{cfg.stage}.max_tokens, or raise serving.max_len (up to model.max_seq_len)."
+            )
 
 
 def _fail(code: int, message: str) -> int:

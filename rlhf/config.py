@@ -146,7 +146,7 @@ class RunConfig:
     lora: LoRAConfig | None = None
     split: SplitConfig | None = None
     reward: RewardModelSection | None = None  # a trained reward model (PPO/GRPO)
-    # ``model: {hf: DIR}``: the Hugging Face checkpoint SFT / DPO start from (``model`` is
+    # ``model: {hf: DIR}``: the Hugging Face checkpoint the run starts from (``model`` is
     # then its config.json as a `TransformerConfig`).
     model_hf: str | None = None
 
@@ -280,7 +280,7 @@ def parse_config(stage: str, raw: Any) -> RunConfig:
         if key not in raw:
             raise ConfigError(f"{key}: missing section (required for every stage).")
     raw = dict(raw)
-    hf_dir = _hf_model(stage, raw.get("model"))
+    hf_dir = _hf_model(stage, raw.get("model"), raw)
     if hf_dir is not None:
         raw.pop("model")
     fields = {k: build(SECTIONS[k], v, k) for k, v in raw.items() if k in SECTIONS}
@@ -311,12 +311,10 @@ def parse_config(stage: str, raw: Any) -> RunConfig:
     return RunConfig(stage=stage, **fields)
 
 
-HF_STAGES = ("sft", "dpo")
-
-
-def _hf_model(stage: str, model: Any) -> str | None:
-    """The directory of ``model: {hf: DIR}`` (a Hugging Face checkpoint that SFT and DPO
-    start from, as TRL's ``model_name_or_path``), else None."""
+def _hf_model(stage: str, model: Any, raw: dict) -> str | None:
+    """The directory of ``model: {hf: DIR}`` (a Hugging Face checkpoint any stage starts
+    from, as TRL's ``model_name_or_path``: the policy of SFT, DPO and the PPO/GRPO actor,
+    the trunk of a reward model), else None."""
     if not (isinstance(model, dict) and "hf" in model):
         return None
     if set(model) != {"hf"}:
@@ -325,11 +323,10 @@ def _hf_model(stage: str, model: Any) -> str | None:
             f"model.hf with model.{extra[0]}: the checkpoint's config.json sets the model; "
             "remove the other model keys (or model.hf for a model from scratch)."
         )
-    if stage not in HF_STAGES:
+    if stage in ("ppo", "grpo") and "lora" in raw:
         raise ConfigError(
-            f"model.hf: {stage} cannot start from a Hugging Face checkpoint yet (sft and dpo "
-            "can); export the SFT/DPO run's checkpoint with `jaxcore export --hf` to use "
-            "it elsewhere."
+            f"model.hf with lora: {stage} starts a LoRA actor from fresh base weights; drop "
+            "lora to train the checkpoint's weights (LoRA on a checkpoint is not supported yet)."
         )
     if not isinstance(model["hf"], str):
         raise ConfigError(f"model.hf: expected a str (a model directory), got {model['hf']!r}.")

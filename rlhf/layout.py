@@ -112,6 +112,10 @@ def build_roles(cfg: Any, optimizer: Callable[[float], Any]) -> Roles:
     actor_engine = engine("actor")
     if cfg.lora is not None:
         factory, trainable = lora.lora_factory(cfg.model, cfg.lora), lora.trainable
+    elif getattr(cfg, "model_hf", None) is not None:  # ``model: {hf: DIR}``: the actor's start
+        from jaxcore import hf
+
+        factory, trainable = hf.model_factory(cfg.model_hf, actor_engine), None
     else:
         factory, trainable = lm_factory(cfg.model), None
     actor = actor_engine.prepare(factory, optimizer(t.lr), seed=t.seed, trainable=trainable)

@@ -211,7 +211,11 @@ def group_advantages(
             f"group_advantages: {rewards.shape[0]} rewards do not split into groups of "
             f"num_generations={num_generations}; generate num_generations per prompt."
         )
+    # Centred on each group's first reward first (mean and std are shift-invariant): a
+    # group of equal rewards is then exactly 0, where a float32 mean one ulp off would be
+    # divided by (std 0 + eps) into advantages of ~1e-3 that push the policy on no signal.
     grouped = rewards.reshape(-1, num_generations)
+    grouped = grouped - grouped[:, :1]
     adv = grouped - grouped.mean(axis=1, keepdims=True)
     if scale:
         std = grouped.std(axis=1, ddof=1, keepdims=True) if num_generations > 1 else 0.0

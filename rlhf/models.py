@@ -26,18 +26,22 @@ class ScalarHeadModel(nnx.Module):
     sequence score, as TRL's ``get_reward`` reads the last non-pad token).
     """
 
-    def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: TransformerConfig, *, rngs: nnx.Rngs, bias: bool = True):
         self.cfg = cfg
         self.trunk = Transformer(cfg, rngs=rngs)
         std = 1.0 / (cfg.d_model + 1) ** 0.5
         self.head = nnx.Param(
             std * jax.random.normal(rngs.params(), (cfg.d_model,)), logical_axes=(axes.EMBED,)
         )
-        self.bias = nnx.Param(jnp.zeros(()), logical_axes=())
+        # ``bias=False``: the head of transformers' ``*ForSequenceClassification`` (its
+        # ``score`` is a Linear without bias, what TRL's RewardTrainer trains), so the
+        # model exports to it exactly (`rlhf.export_reward_model`).
+        self.bias = nnx.Param(jnp.zeros(()), logical_axes=()) if bias else None
 
     def values(self, tokens: jax.Array) -> jax.Array:
         h = self.trunk.hidden_states(tokens).astype(jnp.float32)
-        return h @ self.head[...].astype(jnp.float32) + self.bias[...]
+        out = h @ self.head[...].astype(jnp.float32)
+        return out if self.bias is None else out + self.bias[...]
 
     def score(self, tokens: jax.Array, lengths: jax.Array) -> jax.Array:
         values = self.values(tokens)
@@ -48,9 +52,31 @@ class ScalarHeadModel(nnx.Module):
         return self.score(tokens, lengths)
 
 
-def scalar_head_factory(cfg: TransformerConfig):
+def scalar_head_factory(cfg: TransformerConfig, *, bias: bool = True):
     """``rngs -> ScalarHeadModel`` for ``jaxcore.Engine.prepare``."""
-    return lambda rngs: ScalarHeadModel(cfg, rngs=rngs)
+    return lambda rngs: ScalarHeadModel(cfg, rngs=rngs, bias=bias)
+
+
+def hf_scalar_head_factory(path: str, engine: Any, *, seed: int = 0) -> Any:
+    """A `ScalarHeadModel` without bias whose trunk is the Hugging Face checkpoint at
+    ``path`` (read onto ``engine``'s mesh, `jaxcore.hf.load`) and whose head is fresh, as
+    TRL's RewardTrainer starts ``AutoModelForSequenceClassification(num_labels=1)``."""
+    import dataclasses
+
+    import numpy as np
+
+    from jaxcore import hf
+    from jaxcore.adapters import from_nnx_factory
+
+    cfg, trunk = hf.load(path, engine)
+    adapter = from_nnx_factory(scalar_head_factory(cfg, bias=False))
+    std = 1.0 / (cfg.d_model + 1) ** 0.5
+    head = std * np.random.default_rng(seed).standard_normal(cfg.d_model).astype(np.float32)
+    initial = ({"trunk": trunk, "head": jnp.asarray(head)}, {})
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), initial)
+    return dataclasses.replace(
+        adapter, init=lambda key: initial, initial=initial, abstract=abstract
+    )
 
 
 def lm_factory(cfg: TransformerConfig):

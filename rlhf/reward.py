@@ -6,11 +6,17 @@ int (batch,)}`` and optionally ``{"margin": float (batch,)}`` (Llama 2's graded 
 
 from __future__ import annotations
 
+import json
+import os
+import pathlib
+import struct
+import tempfile
 from collections.abc import Callable
 from typing import Any
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxcore import BatchError
 from rlhf.losses import bradley_terry_loss
@@ -49,3 +55,94 @@ def reward_loss(*, center_coef: float | None = None) -> Callable:
         }
 
     return loss_fn
+
+
+def export_reward_model(
+    train_out: str | os.PathLike, directory: str | os.PathLike, *, pad_token_id: int | None = None
+) -> pathlib.Path:
+    """The final reward model of a ``jaxcore rlhf reward`` run started from ``model: {hf:
+    DIR}`` as a Hugging Face ``AutoModelForSequenceClassification`` in ``directory``.
+
+    The format TRL's RewardTrainer saves: the trunk's tensors, ``score.weight`` ``(1,
+    d_model)`` (a Linear without bias), ``num_labels=1`` and ``pad_token_id`` set, so that
+    transformers scores each sequence at its last non-pad token (left or right padding).
+    ``pad_token_id`` defaults to the starting checkpoint's ``pad_token_id``, else its
+    ``eos_token_id`` (TRL pads with EOS when the tokenizer has no pad token). A sequence
+    that ends in the pad id itself is scored by transformers at the token before it.
+    """
+    from safetensors.numpy import save_file
+
+    from jaxcore import CheckpointConfig, Checkpointer, ConfigError
+    from jaxcore.checkpointing.portable import export_checkpoint, read_params
+    from jaxcore.hf import save
+    from jaxcore.hf.reader import INDEX_FILE, SINGLE_FILE
+    from jaxcore.models import TransformerConfig
+
+    train_out, directory = pathlib.Path(train_out), pathlib.Path(directory)
+    where = f"export_reward_model: {train_out}"
+    ckpt_dir = train_out / "checkpoints"
+    if not ckpt_dir.is_dir():
+        raise ConfigError(f"{where} holds no checkpoints/; pass a finished reward run's train.out.")
+    config = CheckpointConfig(directory=ckpt_dir, async_save=False, save_on_sigterm=False)
+    with Checkpointer(config) as ckpt:
+        step = ckpt.latest_step()
+        run = (ckpt.read_record(step).get("run") or {}) if step is not None else {}
+    if run.get("stage") != "reward":
+        found = f"a '{run['stage']}' run" if run.get("stage") else "no finished reward step"
+        raise ConfigError(f"{where}: found {found}; pass a `jaxcore rlhf reward` run's train.out.")
+    settings = json.loads((train_out / "run.json").read_text())
+    source = settings.get("model_hf")
+    if source is None or run.get("head_bias", True):
+        raise ConfigError(
+            f"{where} trained a reward model from scratch (its head has a bias, which "
+            "transformers' score layer lacks); start it from `model: {hf: DIR}` to export it."
+        )
+    if pad_token_id is None:
+        src = json.loads((pathlib.Path(source) / "config.json").read_text())
+        pad_token_id = src.get("pad_token_id")
+        if pad_token_id is None:
+            pad_token_id = src.get("eos_token_id")
+        if isinstance(pad_token_id, list):
+            pad_token_id = pad_token_id[0]
+        if pad_token_id is None:
+            raise ConfigError(
+                f"{where}: {source}/config.json sets neither pad_token_id nor eos_token_id; "
+                "pass pad_token_id= (the id your batches pad with)."
+            )
+    cfg = TransformerConfig(**run["model"])
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=directory.parent) as tmp:
+        flat = export_checkpoint(ckpt_dir / str(step), pathlib.Path(tmp) / "params.safetensors")
+        params, _ = read_params(flat)
+    save(params["trunk"], cfg, directory)
+    (directory / "config.json").unlink()  # written last again: a complete export loads
+    head = np.asarray(params["head"], np.float32)[None, :]
+    if (directory / INDEX_FILE).is_file():
+        index = json.loads((directory / INDEX_FILE).read_text())
+    else:  # one file: an index with a second file (transformers reads model.safetensors first)
+        first = "model-00001-of-00002.safetensors"
+        with (directory / SINGLE_FILE).open("rb") as f:
+            names = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
+        os.replace(directory / SINGLE_FILE, directory / first)
+        index = {"metadata": {}, "weight_map": {n: first for n in names if n != "__metadata__"}}
+    score_file = "model-score.safetensors"
+    save_file({"score.weight": head}, str(directory / score_file), metadata={"format": "pt"})
+    index["weight_map"]["score.weight"] = score_file
+    (directory / INDEX_FILE).write_text(json.dumps(index, indent=2))
+    hf_config = json.loads(json.dumps(_hf_config(cfg)))
+    hf_config["architectures"] = [
+        a.replace("ForCausalLM", "ForSequenceClassification") for a in hf_config["architectures"]
+    ]
+    hf_config.update(
+        id2label={"0": "LABEL_0"}, label2id={"LABEL_0": 0}, pad_token_id=int(pad_token_id)
+    )
+    partial = directory / "config.json.partial"
+    partial.write_text(json.dumps(hf_config, indent=2) + "\n")
+    os.replace(partial, directory / "config.json")
+    return directory
+
+
+def _hf_config(cfg: Any) -> dict[str, Any]:
+    from jaxcore.hf.config import config_to_hf
+
+    return config_to_hf(cfg, dtype="float32")

@@ -100,14 +100,20 @@ def load_reward_model(
                 "with the policy's tokenizer and vocabulary."
             )
         # The optimizer only shapes the restore target (the reward run trained with adam).
-        state, _ = ckpt.restore_or_init(engine, scalar_head_factory(cfg), optax.adam(0.0))
+        state, _ = ckpt.restore_or_init(
+            engine, scalar_head_factory(cfg, bias=run.get("head_bias", True)), optax.adam(0.0)
+        )
     return ModelReward(engine, state)
 
 
-def stage_record(stage: str, model: TransformerConfig) -> dict[str, Any]:
+def stage_record(stage: str, model: TransformerConfig, *, head_bias: bool = True) -> dict[str, Any]:
     """The ``run_config`` a ``jaxcore rlhf`` checkpoint carries: its stage and model shape
-    (what `load_reward_model` checks and rebuilds the model from)."""
-    return {"stage": stage, "model": json.loads(json.dumps(dataclasses.asdict(model)))}
+    (what `load_reward_model` checks and rebuilds the model from); ``head_bias: false``
+    marks a reward model started from a Hugging Face checkpoint (no head bias)."""
+    record = {"stage": stage, "model": json.loads(json.dumps(dataclasses.asdict(model)))}
+    if not head_bias:
+        record["head_bias"] = False
+    return record
 
 
 def as_weighted(rewards: Any) -> list[tuple[Any, float]]:

@@ -383,12 +383,10 @@ def test_dpo_killed_mid_run_or_in_its_final_save_reruns_to_the_uninterrupted_run
     "stage, model, match",
     [
         ("dpo", {"hf": "DIR", "vocab_size": 16}, r"model.hf with model.vocab_size: the checkpoint"),
-        ("ppo", {"hf": "DIR"}, r"model.hf: ppo cannot start from a Hugging Face checkpoint yet"),
-        ("reward", {"hf": "DIR"}, r"model.hf: reward cannot start"),
         ("sft", {"hf": "MISSING"}, r"MISSING: no config.json"),
         ("sft", {"hf": 3}, r"model.hf: expected a str"),
     ],
-    ids=["extra-key", "ppo", "reward", "missing", "not-a-path"],
+    ids=["extra-key", "missing", "not-a-path"],
 )
 def test_model_hf_mistakes_are_config_errors(tmp_path, stage, model, match):
     from rlhf.config import load_config

@@ -97,7 +97,8 @@ class InputConfig:
         worker_count: Grain worker processes (``0``: threads in this process). The source
             must be picklable. A streaming source is read in shares, one per worker, so
             the count is part of its order: its position resumes only with the same count.
-        shard_stream: for streaming sources, deal elements round-robin to processes.
+        shard_stream: for streaming sources, deal elements round-robin to the blocks of
+            batch rows the processes hold (processes holding the same rows read the same).
             Set ``False`` when each process already reads its own part of the stream.
     """
 
@@ -456,6 +457,7 @@ class Loader:
             self._ensure_iter()
             out["grain_state"] = self._iter.get_state()
             out["worker_count"] = cfg.worker_count
+            out["stream_blocks"] = self._stream_blocks()[0]
         else:
             out["num_documents"] = self._rows.n
             if self._rows.lengths is not None:
@@ -491,6 +493,15 @@ class Loader:
                 f"{state['worker_count']}: a stream's position is Grain's state per worker "
                 "(each worker reads its own share of the stream), so it continues only with "
                 f"the same workers. Resume with worker_count={state['worker_count']}."
+            )
+        blocks = self._stream_blocks()[0] if self.streaming else None
+        if self.streaming and state.get("stream_blocks", blocks) != blocks:
+            raise ConfigError(
+                f"the checkpoint's stream was dealt over {state['stream_blocks']} blocks of "
+                f"batch rows, this layout deals it over {blocks} (processes holding "
+                "different rows read different shares of a stream): its position does not "
+                "carry over. Resume with the layout's split of the batch over processes it "
+                "was saved with, or use a random-access source, which resumes on any."
             )
         if not self.streaming and state.get("num_documents") != self._rows.n:
             raise ConfigError(
@@ -545,11 +556,23 @@ class Loader:
             it_ds = it_ds.mp_prefetch(_worker_options(cfg.worker_count))
         self._iter = iter(it_ds)
 
+    def _stream_blocks(self) -> tuple[int, int]:
+        """``(count, index)``: the shares a stream is dealt in, and this process's."""
+        rows = self.hi - self.lo
+        if not self.config.shard_stream:
+            return 1, 0
+        return self.config.global_batch_size // rows, self.lo // rows
+
     def _stream_dataset(self) -> grain.IterDataset:
         cfg = self.config
         ds: grain.IterDataset = self._source
-        count, index = jax.process_count(), jax.process_index()
-        if cfg.shard_stream and count > 1:
+        # Deal the stream over the blocks of rows the processes hold, not over processes:
+        # processes holding the same rows (a pipeline axis across hosts: every process
+        # holds every row) must read the same elements, or the copies of one global batch
+        # differ (was: process 0 read the even elements, process 1 the odd ones, for the
+        # same rows). With one block per process (data/fsdp across hosts) it is the same.
+        count, index = self._stream_blocks()
+        if count > 1:
             ds = ds.map_with_index(lambda i, x: (i, x))
             ds = ds.filter(lambda t: t[0] % count == index).map(lambda t: t[1])
         width = cfg.seq_len + 1

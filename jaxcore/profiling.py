@@ -15,6 +15,7 @@
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import dataclasses
 import logging
@@ -388,6 +389,27 @@ def memory_report(devices: Sequence[jax.Device] | None = None) -> MemoryReport:
 
 
 # ------------------------------------------------------------------------------- traces
+def _reset_profiler() -> None:
+    """Free jax.profiler after a failed ``stop_trace``: it raises before clearing its
+    state, and every later ``start_trace`` in the process then fails with "Profile has
+    already been started"."""
+    from jax._src import profiler as _jax_profiler
+
+    state = getattr(_jax_profiler, "_profile_state", None)
+    if state is not None and hasattr(state, "reset"):
+        state.reset()
+
+
+def _run_folder_taken(log_dir: Path) -> bool:
+    """Whether the folder jax.profiler would export a trace stopping now to exists (it is
+    named after the second, in local time or UTC depending on the build)."""
+    now = time.time()
+    return any(
+        (log_dir / "plugins" / "profile" / time.strftime("%Y_%m_%d_%H_%M_%S", t)).exists()
+        for t in (time.localtime(now), time.gmtime(now))
+    )
+
+
 class TraceWindow:
     """Capture a ``jax.profiler`` trace of steps ``start .. start + num_steps - 1``.
 
@@ -396,9 +418,17 @@ class TraceWindow:
             with trace.step(step):
                 state, metrics = train_step(state, batch)
             trace.after(step, metrics)
+        trace.close()
 
-    Skipping the first steps keeps compilation out of the trace. Open the result with
-    TensorBoard's profile plugin or Perfetto (``*.xplane.pb`` / ``*.trace.json.gz``).
+    Skipping the first steps keeps compilation out of the trace. Each window writes
+    ``plugins/profile/<time>/<host>.xplane.pb`` (TensorBoard's profile plugin, xprof) and
+    ``<host>.trace.json.gz`` (Chrome trace JSON: Perfetto, ``chrome://tracing``) under
+    ``log_dir``; with several processes each writes under ``log_dir/process_<i>``, since
+    processes on one host would share the file name. A run resumed inside the window
+    traces the rest of it; a process that exits inside the window (``Preempted``,
+    ``sys.exit``) writes the steps traced so far; a window the run never reaches, or a
+    trace that cannot be written (read-only or full disk), is one warning line and
+    training continues. A killed process (SIGKILL) writes nothing.
     """
 
     def __init__(self, log_dir: str | os.PathLike, *, start: int = 3, num_steps: int = 3):
@@ -418,18 +448,65 @@ class TraceWindow:
         self.start, self.stop_after = start, start + num_steps - 1
         self.active = False
         self.done = False
+        self.trace_dir: Path | None = None  # where the trace goes (set when it opens)
+        self._last_step: int | None = None
+
+    def _window(self) -> str:
+        return f"steps {self.start}..{self.stop_after}"
+
+    def _never_opened(self, why: str) -> None:
+        self.done = True
+        log.warning(
+            "TraceWindow(%s): %s; no trace written to %s.", self._window(), why, self.log_dir
+        )
+
+    def _open(self, step: int) -> None:
+        count = jax.process_count()
+        trace_dir = self.log_dir / f"process_{jax.process_index()}" if count > 1 else self.log_dir
+        try:  # fail here, before tracing, where the directory cannot take a trace
+            (trace_dir / "plugins" / "profile").mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            self.done = True
+            log.warning(
+                "TraceWindow(%s): cannot write a trace under %s (%s); training continues "
+                "without it.",
+                self._window(),
+                trace_dir,
+                e.strerror or e,
+            )
+            return
+        try:
+            jax.profiler.start_trace(str(trace_dir))
+        except RuntimeError as e:  # "Profile has already been started": one per process
+            self.done = True
+            log.warning(
+                "TraceWindow(%s): not traced, another trace is running in this process "
+                "(%s); training continues. Make the windows not overlap.",
+                self._window(),
+                str(e).splitlines()[0],
+            )
+            return
+        self.trace_dir, self.active = trace_dir, True
+        # A run that exits inside the window (`Preempted` after a SIGTERM, sys.exit, an
+        # exception outside `step`) still writes the steps it traced.
+        atexit.register(self._at_exit)
+        log.info("profiler trace started at step %d -> %s", step, trace_dir)
 
     @contextlib.contextmanager
     def step(self, step: int) -> Iterator[None]:
-        """Context for one step: starts the trace at ``start`` and annotates the step.
+        """Context for one step: starts the trace in the window and annotates the step.
 
-        A step that raises ends the window: the trace so far is written and the profiler
-        is free for the next one (it allows one trace per process at a time).
+        The trace opens at the first step in the window (``start``, or a later one when
+        the run resumed inside it). A step that raises ends the window: the trace so far
+        is written and the profiler is free for the next one (it allows one trace per
+        process at a time).
         """
-        if step == self.start and not self.active and not self.done:
-            jax.profiler.start_trace(str(self.log_dir))
-            self.active = True
-            log.info("profiler trace started at step %d -> %s", step, self.log_dir)
+        self._last_step = step
+        if not self.active and not self.done:
+            if self.start <= step <= self.stop_after:
+                self._open(step)
+            elif step > self.stop_after:
+                self._never_opened(f"this run started at step {step}, after the window")
         try:
             with jax.profiler.StepTraceAnnotation("train", step_num=step):
                 yield
@@ -441,12 +518,47 @@ class TraceWindow:
         """Call after the step: stops the trace (waiting for ``outputs``) at its last step."""
         if self.active and step >= self.stop_after:
             jax.block_until_ready(outputs)
+            self._stop()
+
+    def _at_exit(self) -> None:
+        if self.active:
+            log.warning(
+                "TraceWindow(%s): the process is exiting at step %s, inside the window; "
+                "writing the trace so far to %s.",
+                self._window(),
+                self._last_step,
+                self.trace_dir,
+            )
+            self._stop()
+
+    def _stop(self) -> None:
+        assert self.trace_dir is not None
+        atexit.unregister(self._at_exit)
+        # jax.profiler names the run folder after the second the trace stops: a second
+        # window stopping within the same second would overwrite the first one's files.
+        deadline = time.monotonic() + 2.0
+        while _run_folder_taken(self.trace_dir) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self.active, self.done = False, True
+        try:
             jax.profiler.stop_trace()
-            self.active, self.done = False, True
-            log.info("profiler trace written to %s", self.log_dir)
+        except Exception as e:  # unwritable or full disk: the trace is lost, the run is not
+            _reset_profiler()
+            log.warning(
+                "TraceWindow(%s): could not write the trace to %s (%s); training continues "
+                "without it.",
+                self._window(),
+                self.trace_dir,
+                str(e).splitlines()[0] if str(e) else type(e).__name__,
+            )
+            return
+        log.info("profiler trace written to %s", self.trace_dir)
 
     def close(self) -> None:
-        """Stop a trace still running (a loop that ended inside the window)."""
+        """Stop a trace still running (a loop that ended inside the window); say so when
+        the run ended before the window opened."""
         if self.active:
-            jax.profiler.stop_trace()
-            self.active, self.done = False, True
+            self._stop()
+        elif not self.done:
+            last = "no step" if self._last_step is None else f"step {self._last_step}"
+            self._never_opened(f"the run ended at {last}, before the window")

@@ -2,13 +2,13 @@
 
 Endpoints: ``/v1/completions`` (``echo``, ``logprobs``, ``n``, ``best_of`` and vLLM's
 sampling extensions), ``/v1/chat/completions`` (the model's own Jinja chat template when
-its tokenizer has one), ``/v1/models`` (with ``max_model_len``), vLLM's ``/tokenize`` and
-``/detokenize``, server-sent-event streaming (log-probs and echo included), ``/health``
-and ``/metrics`` (Prometheus text, latency histograms). Every handler only queues work on
-the scheduler thread and awaits its callbacks, so concurrent requests share decode steps;
-a client that disconnects cancels its requests (streaming or not). Bad input gets an
-OpenAI-style error object with a 4xx status; an unexpected failure answers 500 and the
-server keeps running.
+its tokenizer has one), ``/v1/models`` (with ``max_model_len``), vLLM's ``/tokenize``,
+``/detokenize`` (and ``/tokenizer_info`` when enabled), server-sent-event streaming
+(log-probs and echo included), ``/health`` and ``/metrics`` (Prometheus text, latency
+histograms). Every handler only queues work on the scheduler thread and awaits its
+callbacks, so concurrent requests share decode steps; a client that disconnects cancels
+its requests (streaming or not). Bad input gets an OpenAI-style error object with a 4xx
+status; an unexpected failure answers 500 and the server keeps running.
 
     jaxcore serve --model model.safetensors --port 8000
 """
@@ -67,6 +67,7 @@ ROUTES = (
     "/v1/chat/completions",
     "/tokenize",
     "/detokenize",
+    "/tokenizer_info",
 )
 
 
@@ -129,8 +130,10 @@ class OpenAIServer:
         max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
         max_sequences_per_request: int = DEFAULT_MAX_SEQUENCES_PER_REQUEST,
         lineage: dict[str, Any] | None = None,
+        tokenizer_info: bool = False,
     ):
         self.llm = llm
+        self.tokenizer_info = tokenizer_info
         self.lineage = lineage  # where the weights came from (registry), in /v1/models
         self.tok = llm.tokenizer
         self.model_name = model_name
@@ -234,6 +237,12 @@ class OpenAIServer:
                 )
             return {"prompt": self.tok.decode(req.tokens)}
 
+        if self.tokenizer_info:  # opt-in, as vLLM's --enable-tokenizer-info-endpoint
+
+            @app.get("/tokenizer_info")
+            async def tokenizer_info():
+                return self._tokenizer_info()
+
         @app.post("/v1/completions")
         async def completions(request: HTTPRequest):
             req = parse(CompletionRequest, await body_of(request))
@@ -311,6 +320,22 @@ class OpenAIServer:
             "max_model_len": self.llm.scheduler.max_len,
             **({"lineage": self.lineage} if self.lineage else {}),
         }
+
+    def _tokenizer_info(self) -> dict[str, Any]:
+        """vLLM's ``/tokenizer_info``: the special tokens' text, the chat template and the
+        context. lm-evaluation-harness probes it (with ``/tokenize``) to pick its
+        ``remote`` tokenizer backend, so ``local-completions`` runs with no tokenizer of
+        its own; without it lm-eval loads ``model=`` as a Hub tokenizer name. Opt-in, as
+        in vLLM: lm-eval's remote backend ignores ``add_bos_token``."""
+        info: dict[str, Any] = {"tokenizer_class": type(self.tok).__name__}
+        for key in ("bos", "eos", "pad"):
+            tid = getattr(self.tok, f"{key}_id", None)
+            info[f"{key}_token"] = (
+                None if tid is None else self.tok.token_bytes(tid).decode("utf-8", "replace")
+            )
+        info["chat_template"] = self.tok.chat_template
+        info["model_max_length"] = self.llm.scheduler.max_len
+        return info
 
     def _check_model(self, name: str) -> None:
         if name != self.model_name:
@@ -728,9 +753,11 @@ def create_app(
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     max_sequences_per_request: int = DEFAULT_MAX_SEQUENCES_PER_REQUEST,
     lineage: dict[str, Any] | None = None,
+    tokenizer_info: bool = False,
 ) -> Any:
     """The FastAPI app serving ``llm`` (starts its scheduler thread); ``lineage`` (a
-    registered version's) is reported by ``/v1/models``."""
+    registered version's) is reported by ``/v1/models``; ``tokenizer_info`` adds vLLM's
+    ``GET /tokenizer_info``."""
     llm.start()
     return OpenAIServer(
         llm,
@@ -739,6 +766,7 @@ def create_app(
         max_request_bytes=max_request_bytes,
         max_sequences_per_request=max_sequences_per_request,
         lineage=lineage,
+        tokenizer_info=tokenizer_info,
     ).app
 
 
@@ -809,6 +837,12 @@ def _parser() -> argparse.ArgumentParser:
         default=DEFAULT_MAX_SEQUENCES_PER_REQUEST,
         help="prompts x n (or best_of) one request may ask for; more get a 400",
     )
+    p.add_argument(
+        "--enable-tokenizer-info-endpoint",
+        action="store_true",
+        help="serve vLLM's GET /tokenizer_info (special tokens, chat template), which "
+        "lm-evaluation-harness probes to use the server's tokenizer",
+    )
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     p.add_argument("--quantize", default=None, choices=["int8"])
     p.add_argument("--tensor", type=int, default=1, help="tensor-parallel ways")
@@ -865,6 +899,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         max_request_bytes=args.max_request_bytes,
         max_sequences_per_request=args.max_sequences_per_request,
         lineage=lineage,
+        tokenizer_info=args.enable_tokenizer_info_endpoint,
     )
     log.info("serving %s on http://%s:%d/v1", name, args.host, args.port)
     try:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import pathlib
-import struct
 import tempfile
 from collections.abc import Callable
 from typing import Any
@@ -70,12 +69,10 @@ def export_reward_model(
     ``eos_token_id`` (TRL pads with EOS when the tokenizer has no pad token). A sequence
     that ends in the pad id itself is scored by transformers at the token before it.
     """
-    from safetensors.numpy import save_file
-
     from jaxcore import CheckpointConfig, Checkpointer, ConfigError
     from jaxcore.checkpointing.portable import export_checkpoint, read_params
     from jaxcore.hf import save
-    from jaxcore.hf.reader import INDEX_FILE, SINGLE_FILE
+    from jaxcore.hf.config import config_to_hf
     from jaxcore.models import TransformerConfig
 
     train_out, directory = pathlib.Path(train_out), pathlib.Path(directory)
@@ -114,35 +111,18 @@ def export_reward_model(
     with tempfile.TemporaryDirectory(dir=directory.parent) as tmp:
         flat = export_checkpoint(ckpt_dir / str(step), pathlib.Path(tmp) / "params.safetensors")
         params, _ = read_params(flat)
-    save(params["trunk"], cfg, directory)
-    (directory / "config.json").unlink()  # written last again: a complete export loads
-    head = np.asarray(params["head"], np.float32)[None, :]
-    if (directory / INDEX_FILE).is_file():
-        index = json.loads((directory / INDEX_FILE).read_text())
-    else:  # one file: an index with a second file (transformers reads model.safetensors first)
-        first = "model-00001-of-00002.safetensors"
-        with (directory / SINGLE_FILE).open("rb") as f:
-            names = json.loads(f.read(struct.unpack("<Q", f.read(8))[0]))
-        os.replace(directory / SINGLE_FILE, directory / first)
-        index = {"metadata": {}, "weight_map": {n: first for n in names if n != "__metadata__"}}
-    score_file = "model-score.safetensors"
-    save_file({"score.weight": head}, str(directory / score_file), metadata={"format": "pt"})
-    index["weight_map"]["score.weight"] = score_file
-    (directory / INDEX_FILE).write_text(json.dumps(index, indent=2))
-    hf_config = json.loads(json.dumps(_hf_config(cfg)))
-    hf_config["architectures"] = [
-        a.replace("ForCausalLM", "ForSequenceClassification") for a in hf_config["architectures"]
-    ]
-    hf_config.update(
-        id2label={"0": "LABEL_0"}, label2id={"LABEL_0": 0}, pad_token_id=int(pad_token_id)
+    architectures = config_to_hf(cfg, dtype="float32")["architectures"]
+    return save(
+        params["trunk"],
+        cfg,
+        directory,
+        extra_tensors={"score.weight": np.asarray(params["head"], np.float32)[None, :]},
+        config_updates={
+            "architectures": [
+                a.replace("ForCausalLM", "ForSequenceClassification") for a in architectures
+            ],
+            "id2label": {"0": "LABEL_0"},
+            "label2id": {"LABEL_0": 0},
+            "pad_token_id": int(pad_token_id),
+        },
     )
-    partial = directory / "config.json.partial"
-    partial.write_text(json.dumps(hf_config, indent=2) + "\n")
-    os.replace(partial, directory / "config.json")
-    return directory
-
-
-def _hf_config(cfg: Any) -> dict[str, Any]:
-    from jaxcore.hf.config import config_to_hf
-
-    return config_to_hf(cfg, dtype="float32")

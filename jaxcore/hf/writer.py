@@ -42,7 +42,7 @@ def _host(x: Any) -> np.ndarray:
     return np.asarray(jax.device_get(x))
 
 
-def _entries(cfg: TransformerConfig) -> list[tuple[str, layout.TensorMap, int | None]]:
+def _entries(cfg: TransformerConfig) -> list[tuple[str, layout.TensorMap | None, int | None]]:
     out = []
     for m in layout.tensor_maps(cfg):
         layers = range(cfg.n_layers) if m.stacked else [None]
@@ -74,6 +74,8 @@ def save(
     *,
     dtype: Any = None,
     max_shard_bytes: int = DEFAULT_SHARD_BYTES,
+    extra_tensors: dict[str, Any] | None = None,
+    config_updates: dict[str, Any] | None = None,
 ) -> pathlib.Path:
     """Write ``params`` (a `Transformer`'s, host or sharded) as a HF model directory.
 
@@ -83,6 +85,10 @@ def save(
     ``model-*-of-*.safetensors``) are removed, so that no stale weights shadow these; its
     ``config.json`` goes first and the new one is written last, so a save that fails
     midway leaves a directory that does not load (never old and new weights mixed).
+
+    ``extra_tensors`` (HF name -> array) are written after the model's own, and
+    ``config_updates`` override keys of the written ``config.json``: a model with another
+    head (``rlhf.export_reward_model``: ``score.weight`` and ``*ForSequenceClassification``).
     """
     directory = pathlib.Path(directory)
     size = layout.sizes(config)
@@ -96,9 +102,14 @@ def save(
     out_dtype = {
         k: np.dtype(jnp.dtype(dtype if dtype is not None else v.dtype)) for k, v in params.items()
     }
+    extra = {k: _host(v) for k, v in (extra_tensors or {}).items()}
     entries = _entries(config)
     shapes = {name: layout.hf_shape(m, size) for name, m, _ in entries}
     dtypes = {name: out_dtype[m.native] for name, m, _ in entries}
+    for name, value in extra.items():
+        shapes[name] = value.shape
+        dtypes[name] = np.dtype(jnp.dtype(dtype if dtype is not None else value.dtype))
+    entries += [(name, None, None) for name in extra]
     for name, d in dtypes.items():
         if d.name not in _CODES:
             raise ConfigError(f"jaxcore.hf.save: {name} has dtype {d}; use one of {list(_CODES)}.")
@@ -134,6 +145,10 @@ def save(
                 handle.write(header)
             for name in names:
                 m, layer = by_name[name]
+                if m is None:  # an extra tensor, already on the host
+                    if handle:
+                        handle.write(np.ascontiguousarray(extra[name], dtypes[name]).tobytes())
+                    continue
                 if cached is None or cached[0] != m.native:
                     cached = (m.native, _host(params[m.native]))  # one parameter at a time
                 native = cached[1] if layer is None else cached[1][layer]
@@ -154,6 +169,7 @@ def save(
             _write_atomic(directory / INDEX_FILE, json.dumps(index, indent=2))
         kinds = {d.name for d in dtypes.values()}
         hf_config = config_to_hf(config, dtype=kinds.pop() if len(kinds) == 1 else "float32")
+        hf_config.update(config_updates or {})
         _write_atomic(directory / CONFIG_FILE, json.dumps(hf_config, indent=2) + "\n")
     return directory
 

@@ -17,8 +17,8 @@ AdamW      ``scale_by_adam``, ``add_decayed_weights(wd)`` (decoupled), ``scale(-
            (``amsgrad=True``: torch's maximum of the uncorrected second moment)
 Adagrad    ``add_decayed_weights(wd)``, `scale_by_adagrad_torch` (``lr_decay``,
            ``initial_accumulator_value``, eps outside the root), ``scale(-lr)``
-RMSprop    ``add_decayed_weights(wd)``, `scale_by_rmsprop_torch` (``alpha``, ``centered``,
-           ``momentum``, eps outside the root), ``scale(-lr)``
+RMSprop    ``add_decayed_weights(wd)``, ``scale_by_rms`` / ``scale_by_stddev`` (centered)
+           with ``eps_in_sqrt=False``, ``trace(momentum)``, ``scale(-lr)``
 =========  ==============================================================================
 
 Learning rates (and, for OneCycleLR, the momentum / ``beta1``) are injected per step with
@@ -286,14 +286,6 @@ def _check(kind: str, group: dict, allowed: set[str]) -> None:
         )
 
 
-def _sgd(learning_rate, momentum, weight_decay, *, nesterov, maximize):
-    parts = [optax.scale(-1.0)] if maximize else []
-    parts.append(optax.add_decayed_weights(weight_decay))
-    parts.append(optax.trace(decay=momentum, nesterov=nesterov))
-    parts.append(optax.scale_by_learning_rate(learning_rate))
-    return optax.chain(*parts)
-
-
 class AdamState(NamedTuple):
     """`scale_by_adam_per_parameter`'s state: each count has its parameter's tree path."""
 
@@ -393,72 +385,40 @@ def scale_by_adagrad_torch(
     return optax.GradientTransformation(init, update)
 
 
-class RMSpropState(NamedTuple):
-    """`scale_by_rmsprop_torch`'s state: ``square_avg``, ``grad_avg`` (centered) and
-    ``momentum_buffer``, as torch names them."""
+def _torch_rule(direction, learning_rate, weight_decay, *, maximize, decoupled=False):
+    """torch's update around an optimizer's ``direction``: the gradient negated
+    (``maximize``), L2 weight decay added to it (after the direction when ``decoupled``,
+    AdamW's), then ``-lr``."""
+    decay = optax.add_decayed_weights(weight_decay)
+    parts = [optax.scale(-1.0)] if maximize else []
+    parts += [direction, decay] if decoupled else [decay, direction]
+    parts.append(optax.scale_by_learning_rate(learning_rate))
+    return optax.chain(*parts)
 
-    square_avg: Any
-    grad_avg: Any
-    momentum_buffer: Any
 
-
-def scale_by_rmsprop_torch(
-    alpha: Any, eps: Any, momentum: Any, *, centered: bool
-) -> optax.GradientTransformation:
-    """torch's RMSprop direction (before ``-lr``), term for term.
-
-    ``avg = sqrt(square_avg - grad_avg**2 if centered else square_avg) + eps`` (eps outside
-    the root, unlike ``optax.scale_by_rms``'s default), then ``buf = momentum * buf +
-    g / avg`` (a zero momentum gives ``g / avg``, torch's update without a buffer).
-    """
-
-    def init(params):
-        zeros = optax.tree.zeros_like
-        grad_avg = zeros(params) if centered else None
-        return RMSpropState(zeros(params), grad_avg, zeros(params))
-
-    def update(updates, state, params=None):
-        del params
-        sq = jax.tree.map(lambda s, g: alpha * s + (1 - alpha) * g * g, state.square_avg, updates)
-        if centered:
-            ga = jax.tree.map(lambda a, g: a + (1 - alpha) * (g - a), state.grad_avg, updates)
-            avg = jax.tree.map(lambda s, a: jnp.sqrt(s - a * a) + eps, sq, ga)
-        else:
-            ga = None
-            avg = jax.tree.map(lambda s: jnp.sqrt(s) + eps, sq)
-        buf = jax.tree.map(
-            lambda b, g, a: momentum * b + g / a, state.momentum_buffer, updates, avg
-        )
-        return buf, RMSpropState(sq, ga, buf)
-
-    return optax.GradientTransformation(init, update)
+def _sgd(learning_rate, momentum, weight_decay, *, nesterov, maximize):
+    direction = optax.trace(decay=momentum, nesterov=nesterov)
+    return _torch_rule(direction, learning_rate, weight_decay, maximize=maximize)
 
 
 def _adagrad(learning_rate, lr_decay, eps, weight_decay, *, initial, maximize):
-    parts = [optax.scale(-1.0)] if maximize else []
-    parts.append(optax.add_decayed_weights(weight_decay))
-    parts.append(scale_by_adagrad_torch(lr_decay, eps, initial))
-    parts.append(optax.scale_by_learning_rate(learning_rate))
-    return optax.chain(*parts)
+    direction = scale_by_adagrad_torch(lr_decay, eps, initial)
+    return _torch_rule(direction, learning_rate, weight_decay, maximize=maximize)
 
 
 def _rmsprop(learning_rate, alpha, eps, momentum, weight_decay, *, centered, maximize):
-    parts = [optax.scale(-1.0)] if maximize else []
-    parts.append(optax.add_decayed_weights(weight_decay))
-    parts.append(scale_by_rmsprop_torch(alpha, eps, momentum, centered=centered))
-    parts.append(optax.scale_by_learning_rate(learning_rate))
-    return optax.chain(*parts)
+    """torch's RMSprop: ``g / (sqrt(square_avg [- grad_avg**2]) + eps)`` (eps outside the
+    root: optax's ``eps_in_sqrt=False``), then the momentum buffer (`optax.trace`)."""
+    scale = optax.scale_by_stddev if centered else optax.scale_by_rms
+    direction = optax.chain(scale(alpha, eps, eps_in_sqrt=False), optax.trace(decay=momentum))
+    return _torch_rule(direction, learning_rate, weight_decay, maximize=maximize)
 
 
 def _adam(learning_rate, b1, b2, eps, weight_decay, *, decoupled, maximize, amsgrad=False):
-    parts = [optax.scale(-1.0)] if maximize else []
-    if not decoupled:
-        parts.append(optax.add_decayed_weights(weight_decay))
-    parts.append(scale_by_adam_per_parameter(b1, b2, eps, amsgrad=amsgrad))
-    if decoupled:
-        parts.append(optax.add_decayed_weights(weight_decay))
-    parts.append(optax.scale_by_learning_rate(learning_rate))
-    return optax.chain(*parts)
+    direction = scale_by_adam_per_parameter(b1, b2, eps, amsgrad=amsgrad)
+    return _torch_rule(
+        direction, learning_rate, weight_decay, maximize=maximize, decoupled=decoupled
+    )
 
 
 def _group_transform(

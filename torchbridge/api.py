@@ -18,7 +18,7 @@ import optax
 
 import jaxcore as jc
 from torchbridge.errors import UnsupportedError
-from torchbridge.module import BoundModule, bridge
+from torchbridge.module import BoundModule, bridge, guard_grad_scaler
 from torchbridge.optim import HostHyperparams, SchedulePosition, host_driven, to_optax
 from torchbridge.sharding import linear_rules_on_conv1d
 from torchbridge.step import TorchPlan
@@ -90,7 +90,7 @@ def prepare(
         _refuse_state_dicts(optimizer)
         optimizer.zero_grad = functools.partial(_zero_grad, hyperparams)
     _guard_clipping(module)
-    _guard_grad_scaler()
+    guard_grad_scaler()
     model = bridge(module, train=train)
     plan = TorchPlan.of(engine.plan(model.adapter(), tx), model, hyperparams)
     engine.last_plan = plan
@@ -140,37 +140,6 @@ def _guard_clipping(module: Any) -> None:
             original = getattr(owner, name, None)
             if original is not None and not getattr(original, "_torchbridge_guard", False):
                 setattr(owner, name, _clip_guard(name, kind, original))
-
-
-def _guard_grad_scaler() -> None:
-    """Make ``GradScaler.scale`` raise on a bridged step's loss (a JAX array).
-
-    ``scaler.scale(loss).backward(); scaler.step(opt); scaler.update()`` copied into the
-    loop meets the step's ``metrics["loss"]``, after the step already applied its
-    gradients: torch failed on it with "iteration over a 0-d array". Torch tensors go to
-    torch's own ``scale``.
-    """
-    from torch.amp import GradScaler
-
-    original = GradScaler.scale
-    if getattr(original, "_torchbridge_guard", False):
-        return
-
-    @functools.wraps(original)
-    def scale(self: Any, outputs: Any) -> Any:
-        if any(isinstance(x, jax.Array) for x in jax.tree.leaves(outputs)):
-            raise UnsupportedError(
-                "torchbridge: GradScaler.scale on a bridged step's loss (a JAX array): the "
-                "step already computed and applied the gradients in one jitted call, so "
-                "there is nothing left to scale, backward or unscale. Drop the GradScaler "
-                "(and torch.autocast) from the loop and build the engine with "
-                "jc.Engine(precision='fp16') (dynamic loss scaling inside the step) or "
-                "precision='bf16' (no scaling needed)."
-            )
-        return original(self, outputs)
-
-    scale._torchbridge_guard = True  # type: ignore[attr-defined]
-    GradScaler.scale = scale
 
 
 def _forget(key: int, _: Any) -> None:

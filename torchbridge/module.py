@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import threading
 import warnings
@@ -490,6 +491,38 @@ def _without_grad_scaler() -> Iterator[None]:
         yield
     finally:
         GradScaler.scale = original
+
+
+def guard_grad_scaler() -> None:
+    """Make ``GradScaler.scale`` raise on a bridged step's loss (a JAX array), in the
+    loop after the step (`_without_grad_scaler` covers a call inside the bridged step).
+
+    ``scaler.scale(loss).backward(); scaler.step(opt); scaler.update()`` copied into the
+    loop meets the step's ``metrics["loss"]``, after the step already applied its
+    gradients: torch failed on it with "iteration over a 0-d array". Torch tensors go to
+    torch's own ``scale``.
+    """
+    from torch.amp import GradScaler
+
+    original = GradScaler.scale
+    if getattr(original, "_torchbridge_guard", False):
+        return
+
+    @functools.wraps(original)
+    def scale(self: Any, outputs: Any) -> Any:
+        if any(isinstance(x, jax.Array) for x in jax.tree.leaves(outputs)):
+            raise UnsupportedError(
+                "torchbridge: GradScaler.scale on a bridged step's loss (a JAX array): the "
+                "step already computed and applied the gradients in one jitted call, so "
+                "there is nothing left to scale, backward or unscale. Drop the GradScaler "
+                "(and torch.autocast) from the loop and build the engine with "
+                "jc.Engine(precision='fp16') (dynamic loss scaling inside the step) or "
+                "precision='bf16' (no scaling needed)."
+            )
+        return original(self, outputs)
+
+    scale._torchbridge_guard = True  # type: ignore[attr-defined]
+    GradScaler.scale = scale
 
 
 # torch.utils.checkpoint.checkpoint's own options (the rest go to the function).

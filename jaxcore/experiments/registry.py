@@ -116,6 +116,18 @@ class ResolvedModel:
     lineage: dict[str, Any]
 
 
+def metric_rank(value: Any, smaller_is_better: bool) -> tuple[int, float]:
+    """Sort key of a metric, best first: finite values in the metric's direction, then the
+    infinities, then NaN, then a missing value. NaN compares false with everything, so a
+    plain sort would leave it anywhere; the searchers rank a diverged trial last too
+    (`jaxcore.experiments.searchers.base.SearchMethod.value`)."""
+    if value is None or isinstance(value, bool) or not isinstance(value, int | float):
+        return (3, 0.0)
+    if math.isnan(value):
+        return (2, 0.0)
+    return (0 if math.isfinite(value) else 1, value if smaller_is_better else -value)
+
+
 class Registry:
     """Registry operations on one store; files go to ``directory`` (default: next to
     the SQLite file, or ``./registry`` for a server database)."""
@@ -331,14 +343,7 @@ class Registry:
         """Versions ordered best-first by ``metric`` (versions without it come last)."""
 
         def key(v: dict) -> tuple[int, float]:
-            # A diverged version's NaN or infinite metric ranks after every finite one
-            # (NaN compares false with everything and would leave the list unsorted).
-            value = (v.get("metrics") or {}).get(metric)
-            if value is None:
-                return (3, 0.0)
-            if math.isnan(value):
-                return (2, 0.0)
-            return (0 if math.isfinite(value) else 1, value if smaller_is_better else -value)
+            return metric_rank((v.get("metrics") or {}).get(metric), smaller_is_better)
 
         return sorted(self.describe(name)["versions"], key=key)
 

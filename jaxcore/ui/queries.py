@@ -25,6 +25,7 @@ from typing import Any
 import sqlalchemy as sa
 
 from jaxcore.experiments import store as _store
+from jaxcore.experiments.registry import metric_rank
 
 # store table -> its name in the database, from the store module's Table objects (the
 # literal is only the fallback should the store rename its Python attribute)
@@ -108,23 +109,11 @@ def wire(value: Any) -> Any:
     return value
 
 
-def rank(value: Any, smaller_is_better: bool) -> tuple[int, float]:
-    """Sort key of a metric, best first: finite values in the search's direction, then
-    the infinities, then NaN, then a missing value (as the searchers rank a diverged trial
-    last, `jaxcore.experiments.searchers.base.SearchMethod.value`)."""
-    if value is None or isinstance(value, bool) or not isinstance(value, int | float):
-        return (3, 0.0)
-    if math.isnan(value):
-        return (2, 0.0)
-    score = value if smaller_is_better else -value
-    return (0 if math.isfinite(value) else 1, score)
-
-
 def best_value(values: Iterable[Any], smaller_is_better: bool) -> Any:
-    """The best of ``values`` by `rank`: the best finite one where there is one, else an
-    infinity or NaN (the trial diverged), else None."""
-    best = min(values, key=lambda v: rank(v, smaller_is_better), default=None)
-    return None if rank(best, smaller_is_better)[0] == 3 else best
+    """The best of ``values`` by `metric_rank`: the best finite one where there is one,
+    else an infinity or NaN (the trial diverged), else None."""
+    best = min(values, key=lambda v: metric_rank(v, smaller_is_better), default=None)
+    return None if metric_rank(best, smaller_is_better)[0] == 3 else best
 
 
 def _json_as_text(_inspector: Any, _table: sa.Table, column: dict[str, Any]) -> None:
@@ -337,7 +326,7 @@ def _asha_rungs(trials: list[dict], curves: dict[int, list[list]], smaller: bool
                             "promoted": int(t.get("steps_done") or 0) > u,
                         }
                     )
-            at.sort(key=lambda a: rank(a["metric"], smaller))
+            at.sort(key=lambda a: metric_rank(a["metric"], smaller))
             rungs.append({"units": u, "trials": at})
         out.append({"units": list(units), "trials": len(members), "rungs": rungs})
     return out
@@ -413,8 +402,10 @@ def experiment_detail(r: StoreReader, exp_id: int) -> dict[str, Any] | None:
         for t in trials
     ]
     # Only a finite value makes a trial the best one (never a NaN or an infinite loss).
-    best = [t for t in out_trials if rank(t["best_metric"], smaller)[0] == 0]
-    best_trial = min(best, key=lambda t: rank(t["best_metric"], smaller))["id"] if best else None
+    best = [t for t in out_trials if metric_rank(t["best_metric"], smaller)[0] == 0]
+    best_trial = (
+        min(best, key=lambda t: metric_rank(t["best_metric"], smaller))["id"] if best else None
+    )
     searcher = _searcher(exp)
     detail = {
         **summary,

@@ -61,21 +61,16 @@ def hf_scalar_head_factory(path: str, engine: Any, *, seed: int = 0) -> Any:
     """A `ScalarHeadModel` without bias whose trunk is the Hugging Face checkpoint at
     ``path`` (read onto ``engine``'s mesh, `jaxcore.hf.load`) and whose head is fresh, as
     TRL's RewardTrainer starts ``AutoModelForSequenceClassification(num_labels=1)``."""
-    import dataclasses
-
     import numpy as np
 
     from jaxcore import hf
-    from jaxcore.adapters import from_nnx_factory
+    from jaxcore.hf.factory import with_params
 
     cfg, trunk = hf.load(path, engine)
-    adapter = from_nnx_factory(scalar_head_factory(cfg, bias=False))
     std = 1.0 / (cfg.d_model + 1) ** 0.5
     head = std * np.random.default_rng(seed).standard_normal(cfg.d_model).astype(np.float32)
-    initial = ({"trunk": trunk, "head": jnp.asarray(head)}, {})
-    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), initial)
-    return dataclasses.replace(
-        adapter, init=lambda key: initial, initial=initial, abstract=abstract
+    return with_params(
+        scalar_head_factory(cfg, bias=False), {"trunk": trunk, "head": jnp.asarray(head)}
     )
 
 

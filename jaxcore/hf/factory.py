@@ -32,11 +32,18 @@ def model_factory(
     """
     target = plan_or_mesh if plan_or_mesh is not None else build_mesh(ParallelConfig(fsdp=-1))
     cfg, params = load(path, target, dtype=dtype)
-    adapter = from_nnx_factory(lambda rngs: Transformer(cfg, rngs=rngs))
-    initial = (params, {})  # Transformer has no non-parameter state
-    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
+    return with_params(lambda rngs: Transformer(cfg, rngs=rngs), params)
+
+
+def with_params(nnx_factory: Any, params: dict[str, Any]) -> ModelAdapter:
+    """A `jc.ModelAdapter` of ``nnx_factory``'s model (``rngs -> nnx.Module``, no state
+    but parameters) starting from ``params``: its init runs nowhere, so loaded weights are
+    never drawn at random first (a checkpoint's, or a checkpoint's trunk with a new head)."""
+    adapter = from_nnx_factory(nnx_factory)
+    initial = (params, {})
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), initial)
     return dataclasses.replace(
-        adapter, init=lambda key: initial, initial=initial, abstract=(abstract, {})
+        adapter, init=lambda key: initial, initial=initial, abstract=abstract
     )
 
 

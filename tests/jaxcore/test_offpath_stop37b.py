@@ -6,6 +6,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -41,6 +42,12 @@ def _start(*script_args: str) -> tuple[subprocess.Popen, list[int], list[str]]:
 def _finish(proc: subprocess.Popen, children: list[int]) -> tuple[int, list[int]]:
     proc.stdout.read()
     rc = proc.wait(timeout=30)
+    # The launcher's SIGKILL to each rank's group is queued when it exits, not yet acted
+    # on: on a loaded machine a child can still be running for a moment (a fresh-clone run
+    # of stop 40 saw it). Left alone, a child would sleep 60 s, far past this deadline.
+    deadline = time.monotonic() + 10
+    while any(process_alive(c) for c in children) and time.monotonic() < deadline:
+        time.sleep(0.02)
     left = [c for c in children if process_alive(c)]
     for c in left:
         os.kill(c, signal.SIGKILL)

@@ -49,6 +49,18 @@ def start_two_ranks(script: Path, *args: str) -> subprocess.Popen:
     )
 
 
+def run_two_ranks(script: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    """``jaxcore launch -n 2 --devices-per-process 4 SCRIPT ARGS`` to its end, output kept."""
+    return subprocess.run(
+        launch_cmd("-n", "2", "--devices-per-process", "4", str(script), *args),
+        env=clean_env(),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=timeout,
+    )
+
+
 @pytest.mark.slow
 @pytest.mark.multiprocess
 def test_two_processes_of_four_devices_match_one_process_of_eight(tmp_path):

@@ -17,7 +17,7 @@ import pytest
 
 from jaxcore import profiling as prof
 
-from .test_launch import clean_env, launch_cmd
+from .test_launch import clean_env, run_two_ranks
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -151,14 +151,7 @@ def test_each_process_writes_its_own_trace(tmp_path):
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
     out = tmp_path / "trace"
-    proc = subprocess.run(
-        launch_cmd("-n", "2", "--devices-per-process", "4", str(script), str(out)),
-        env=clean_env(),
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=240,
-    )
+    proc = run_two_ranks(script, str(out))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "rank 0 of 2" in proc.stdout and "rank 1 of 2" in proc.stdout
     for rank in range(2):

@@ -22,7 +22,7 @@ import jaxcore as jc
 from jaxcore.models import Transformer
 
 from .procs.corpus import CFG, corpus
-from .test_launch import clean_env, launch_cmd
+from .test_launch import clean_env, launch_cmd, run_two_ranks
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -227,16 +227,7 @@ def test_processes_holding_the_same_rows_read_the_same_stream(tmp_path, layout):
     script = tmp_path / "stream.py"
     script.write_text(STREAM_SCRIPT)
     out = tmp_path / "rows"
-    proc = subprocess.run(
-        launch_cmd(
-            "-n", "2", "--devices-per-process", "4", str(script), str(ROOT), str(out), layout
-        ),
-        env=clean_env(),
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=240,
-    )
+    proc = run_two_ranks(script, str(ROOT), str(out), layout)
     assert proc.returncode == 0, proc.stderr[-3000:]
     seen = [json.loads(Path(f"{out}.{r}").read_text()) for r in range(2)]
     for step in range(2):

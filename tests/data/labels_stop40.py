@@ -24,6 +24,7 @@ import random
 from dataclasses import dataclass
 
 from identify.vendor.licenses import LICENSES
+from labels_stop37 import license_correct, license_outcome  # the scoring stop 37's set used
 
 TEXTS = dict(LICENSES)
 SEED = 40
@@ -955,26 +956,6 @@ def license_cases() -> list[LicenseCase]:
 
 
 # --------------------------------------------------------------------------- scoring
-
-
-def license_outcome(case: LicenseCase) -> tuple[str, tuple[str, ...]]:
-    from data.config import LicenseConfig
-    from data.license import LicenseStep
-    from data.records import FileRecord
-
-    recs = [
-        FileRecord(repo="r", path=p, content=t, size=len(t)) for p, t in sorted(case.files.items())
-    ]
-    out = {r.path: r for r in LicenseStep(LicenseConfig()).run(iter(recs))}
-    rec = out[case.target]
-    return rec.license_type, tuple(rec.license_ids)
-
-
-def license_correct(case: LicenseCase, got: tuple[str, tuple[str, ...]]) -> bool:
-    kind, ids = got
-    keep = ("permissive", "no_license")
-    ok = kind not in keep if case.expected == "excluded" else kind == case.expected
-    return ok and (not case.first_id or (bool(ids) and ids[0] == case.first_id))
 
 
 def language_outcome(case: LanguageCase) -> str:

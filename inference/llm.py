@@ -11,6 +11,7 @@ steps the scheduler itself, so nothing runs in the background unless `start()` i
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import threading
 import warnings
 from typing import Any
@@ -26,6 +27,9 @@ from inference.sampling import SamplingParams
 from inference.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
 from inference.weights import REGISTRY, resolve_model
 from jaxcore.models import TransformerConfig
+
+# One prompt: a text, token ids, or vLLM's {"prompt_token_ids": ids} / {"prompt": text}.
+Prompt = str | list[int] | dict[str, Any]
 
 
 class ClosedError(jc.JaxcoreError, RuntimeError):
@@ -159,29 +163,62 @@ class LLM:
     # ----------------------------------------------------------------- generation
     def _params(self, sampling: SamplingParams | None, fields: dict[str, Any]) -> SamplingParams:
         sampling = sampling or SamplingParams()
+        if not isinstance(sampling, SamplingParams):
+            raise jc.ConfigError(
+                f"LLM.generate: sampling must be a SamplingParams (or a list of them, one per "
+                f"prompt); got {type(sampling).__name__}."
+            )
+        known = {f.name for f in dataclasses.fields(SamplingParams)}
+        for name in fields:
+            if name not in known:
+                raise jc.ConfigError(_unknown_field(name, fields[name], sorted(known)))
         return dataclasses.replace(sampling, **fields) if fields else sampling
 
+    def _params_each(
+        self, sampling: SamplingParams | list[SamplingParams] | None, fields: dict[str, Any], n: int
+    ) -> list[SamplingParams]:
+        """One `SamplingParams` per prompt: ``sampling`` for all, or a list of ``n`` (as
+        vLLM's ``LLM.generate`` takes), each with ``fields`` applied."""
+        if not isinstance(sampling, list | tuple):
+            return [self._params(sampling, fields)] * n
+        if len(sampling) != n:
+            raise jc.ConfigError(
+                f"LLM.generate: {len(sampling)} SamplingParams for {n} prompts; pass one "
+                "SamplingParams, or a list with one per prompt."
+            )
+        return [self._params(s, fields) for s in sampling]
+
     def generate(
-        self, prompt: str | list[str], sampling: SamplingParams | None = None, **fields: Any
+        self,
+        prompt: Prompt | list[Prompt],
+        sampling: SamplingParams | list[SamplingParams] | None = None,
+        **fields: Any,
     ) -> Completion | list[Completion]:
         """Complete one prompt (returns a `Completion`) or several (a list, batched).
 
-        Keyword fields override ``sampling`` (``max_tokens=32, temperature=0.8, ...``).
-        Prompts are tokenized with the tokenizer's special tokens (a BOS), as transformers'
-        ``tokenizer(text)`` and the server's ``/v1/completions`` do.
+        A prompt is a text, a list of token ids, or vLLM's ``{"prompt_token_ids": ids}`` /
+        ``{"prompt": text}``; a list of those is a batch (text and ids may be mixed, as in
+        vLLM's ``LLM.generate``). ``sampling`` is one `SamplingParams` for all prompts or a
+        list with one per prompt (vLLM's rule); keyword fields override it (``max_tokens=32,
+        temperature=0.8, ...``). Texts are tokenized with the tokenizer's special tokens
+        (a BOS), as transformers' ``tokenizer(text)`` and the server's ``/v1/completions``
+        do; token ids are used as given.
         """
         self._check_open("generate")
-        params = self._params(sampling, fields)
-        prompts = _texts(prompt)
-        work = [(self._encode(p), params) for p in prompts]
+        prompts, single = _prompts(prompt, "generate")
+        params = self._params_each(sampling, fields, len(prompts))
+        work = [(self._tokens(p), s) for p, s in zip(prompts, params, strict=True)]
         done = self._run(work)
         out = [Completion.from_request(r) for r in done]
-        return out[0] if isinstance(prompt, str) else out
+        return out[0] if single else out
 
-    def _encode(self, text: str) -> list[int]:
+    def _tokens(self, prompt: str | list[int]) -> list[int]:
         # Special tokens (a Llama BOS) as transformers' tokenizer(text) and the server's
         # /v1/completions add them: without BOS such a model continues a different text.
-        return self.tokenizer.encode(check_text(text), add_special_tokens=True)
+        # Token ids are the user's own tokenization: used as given (vLLM's TokensPrompt).
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(check_text(prompt), add_special_tokens=True)
+        return prompt
 
     def _run(self, work: list[tuple[list[int], SamplingParams]]) -> list[Request]:
         """Submit ``work`` and wait; without the scheduler thread, step it here.
@@ -189,41 +226,117 @@ class LLM:
         Callers on several threads take turns stepping under ``_stepping`` (each step
         advances every caller's requests, so they still batch): two unguarded steps at
         once reused donated device buffers, failing requests and mixing up tokens.
+        `close()` meanwhile cancels what is left (it ran every request to its end).
         """
         handles = self.scheduler.submit_many(work)
         while not all(h.done for h in handles):
             with self._stepping:
                 if self.scheduler.alive:  # start() ran meanwhile: its thread steps now
                     break
+                if self.closed:  # close() on another thread: the rest end cancelled, as
+                    for h in handles:  # the scheduler thread's stop() ends them
+                        h.cancel()
                 if not all(h.done for h in handles):
                     self.scheduler.step()
         return [h.wait() for h in handles]
 
-    def score(self, text: str) -> list[float]:
-        """log p of each token of ``text`` given the ones before, tokenized as `generate`
-        does (special tokens included; the first token has none)."""
+    def score(self, text: Prompt | list[Prompt]) -> list[float] | list[list[float]]:
+        """log p of each token of a prompt given the ones before (the first token has
+        none): a text, tokenized as `generate` does (special tokens included), or token
+        ids as given. A list of prompts (as `generate` takes) gives one list per prompt."""
         self._check_open("score")
+        prompts, single = _prompts(text, "score")
         params = SamplingParams(max_tokens=0, prompt_logprobs=0)
-        (r,) = self._run([(self._encode(text), params)])
-        return list(r.prompt_logprobs)
+        done = self._run([(self._tokens(p), params) for p in prompts])
+        scores = [list(r.prompt_logprobs) for r in done]
+        return scores[0] if single else scores
 
 
-def _texts(prompt: Any) -> list[str]:
-    """``prompt`` as a list of texts; anything else (token ids, bytes, None) is refused
-    here: the tokenizer's own error did not say what to pass."""
+def _ids(prompt: Any) -> list[int] | None:
+    """``prompt`` as token ids if it is a non-empty sequence of integers (a list, tuple or
+    1-D NumPy array; ``bool`` is not an id), else ``None``."""
+    if isinstance(prompt, np.ndarray):
+        if prompt.ndim != 1 or not np.issubdtype(prompt.dtype, np.integer) or not prompt.size:
+            return None
+        return prompt.tolist()
+    if not isinstance(prompt, list | tuple) or not prompt:
+        return None
+    if all(isinstance(t, int | np.integer) and not isinstance(t, bool) for t in prompt):
+        return [int(t) for t in prompt]
+    return None
+
+
+def _one(prompt: Any, what: str) -> str | list[int] | None:
+    """One prompt as a text or token ids (``None``: neither). vLLM's TextPrompt /
+    TokensPrompt dicts are taken; a dict with neither key is refused here."""
+    if isinstance(prompt, dict):
+        if "prompt_token_ids" in prompt:
+            ids = prompt["prompt_token_ids"]
+            # An empty id list reaches the scheduler, whose error says the prompt is empty.
+            return [] if isinstance(ids, list | tuple) and not ids else _ids(ids)
+        if isinstance(prompt.get("prompt"), str):
+            return prompt["prompt"]
+        raise RequestError(
+            f"{what}: a dict prompt needs 'prompt_token_ids' (a list of token ids) or "
+            f"'prompt' (a str), as vLLM's TokensPrompt / TextPrompt; got keys {sorted(prompt)}."
+        )
     if isinstance(prompt, str):
-        return [prompt]
-    try:
-        prompts = None if isinstance(prompt, bytes) else list(prompt)
-    except TypeError:
-        prompts = None
-    if prompts is not None and all(isinstance(p, str) for p in prompts):
-        return prompts
-    got = type(prompt).__name__
-    if prompts is not None:
-        kinds = sorted({type(p).__name__ for p in prompts if not isinstance(p, str)})
-        got = f"a {got} holding {', '.join(kinds)}"
+        return prompt
+    return _ids(prompt)
+
+
+def _prompts(prompt: Any, what: str) -> tuple[list[str | list[int]], bool]:
+    """``prompt`` as a list of texts / token-id lists, and whether it was one prompt.
+
+    As vLLM parses prompts: a str, a list of ints or a dict is one prompt; a list of
+    those (or a 2-D integer array) is a batch, ``[]`` an empty one. Anything else (bytes,
+    None, floats, a batch holding a bare int) is refused here: the tokenizer's own error
+    did not say what to pass.
+    """
+    one = _one(prompt, what)
+    if one is not None:
+        return [one], True
+    if isinstance(prompt, np.ndarray) and prompt.ndim == 2:
+        prompt = list(prompt)
+    elif not isinstance(prompt, str | bytes | dict | list | tuple | np.ndarray):
+        try:  # any other iterable (a generator of texts) is read once, as list() would
+            return _prompts(list(prompt), what)
+        except TypeError:
+            pass
+    if isinstance(prompt, list | tuple):
+        # An empty id list in a batch reaches the scheduler, which says the prompt is empty.
+        batch = [[] if isinstance(p, list | tuple) and not p else _one(p, what) for p in prompt]
+        if all(p is not None for p in batch):
+            return batch, False
+        bad = [p for p, got in zip(prompt, batch, strict=True) if got is None]
+        got = f"a {type(prompt).__name__} holding {_kinds(bad)}"
+    else:
+        got = type(prompt).__name__
     raise RequestError(
-        f"generate: the prompt must be a str or a list of str; got {got}. Pass text "
-        "(token ids go through llm.scheduler.submit(ids, SamplingParams()))."
+        f"{what}: the prompt must be a str, a list of token ids (ints), or a list of str / "
+        f"token-id lists (vLLM's {{'prompt_token_ids': ids}} works too); got {got}."
+        + (" Decode bytes to str first." if "bytes" in got else "")
     )
+
+
+def _unknown_field(name: str, value: Any, known: list[str]) -> str:
+    """The error for a keyword that is no `SamplingParams` field (it was Python's
+    TypeError from ``dataclasses.replace``, naming neither the fields nor a way out)."""
+    if name in ("n", "best_of"):  # vLLM's SamplingParams has them; one Completion here
+        return (
+            f"LLM.generate: {name!r}={value!r} is not supported (one Completion per prompt); "
+            f"for {value!r} samples pass the prompt {value!r} times with temperature > 0 and "
+            "seed=None, or with a list of SamplingParams, one per prompt, seeded seed, "
+            "seed + 1, ... (one seed draws the same tokens every time). The server's "
+            "/v1/completions takes n and best_of."
+        )
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return (
+        f"LLM.generate: {name!r} is not a sampling field; {hint}SamplingParams takes "
+        f"{', '.join(known)}."
+    )
+
+
+def _kinds(items: list[Any]) -> str:
+    return ", ".join(sorted({type(p).__name__ for p in items}))

@@ -156,9 +156,15 @@ class Request:
 
     def _update_text(self) -> None:
         text = self.tokenizer.decode(self.output)
-        hold = 0
+        # An incomplete UTF-8 character at the end: wait for the rest. Hold every trailing
+        # U+FFFD: byte-fallback decoders (SentencePiece) give one per byte until it is
+        # complete. Stop strings are looked for in whole characters only: a stop holding
+        # U+FFFD matched one the next token turned into "\u00e9", and ended the request on
+        # text it never returned (vLLM's detokenizer likewise holds a trailing U+FFFD).
+        hold = len(text) - len(text.rstrip("\ufffd"))
+        whole = text[: len(text) - hold]
         for stop in self.params.stop:
-            at = text.find(stop, max(0, self.stable_len - len(stop)))
+            at = whole.find(stop, max(0, self.stable_len - len(stop)))
             if at >= 0:
                 keep = at + len(stop) if self.params.include_stop_str_in_output else at
                 self.text = text[:keep]
@@ -167,13 +173,10 @@ class Request:
                 self._finish("stop")
                 return
             # Hold back a tail that could still grow into this stop string.
-            for k in range(min(len(stop) - 1, len(text)), 0, -1):
-                if text.endswith(stop[:k]):
-                    hold = max(hold, k)
+            for k in range(min(len(stop) - 1, len(whole)), 0, -1):
+                if whole.endswith(stop[:k]):
+                    hold = max(hold, len(text) - len(whole) + k)
                     break
-        # An incomplete UTF-8 character: wait for the rest. Hold every trailing U+FFFD:
-        # byte-fallback decoders (SentencePiece) give one per byte until it is complete.
-        hold = max(hold, len(text) - len(text.rstrip("\ufffd")))
         self.text = text
         self.stable_len = max(self.stable_len, len(text) - hold)
 

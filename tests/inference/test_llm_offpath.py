@@ -59,7 +59,7 @@ def test_generate_and_score_add_bos_as_transformers_and_the_server_do(llm):
     assert len(model.score(text)) == len(want) - 1
 
 
-@pytest.mark.parametrize("prompt", [[1, 2, 3], None, b"bytes", ["ok", 7]])
+@pytest.mark.parametrize("prompt", [[1.0, 2.0], None, b"bytes", ["ok", 7]])
 def test_a_prompt_that_is_not_text_says_what_to_pass(llm, prompt):
     model, _ = llm
     with pytest.raises(RequestError, match=r"str.*list of str") as info:

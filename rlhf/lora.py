@@ -169,9 +169,15 @@ class LoRATransformer(Transformer):
         return p
 
     def block(
-        self, x: jax.Array, p: dict[str, jax.Array], cos: jax.Array, sin: jax.Array
+        self,
+        x: jax.Array,
+        p: dict[str, jax.Array],
+        cos: jax.Array,
+        sin: jax.Array,
+        segments: jax.Array | None = None,
     ) -> jax.Array:
-        """Fold this layer's adapters into its weights, then run the base block."""
+        """Fold this layer's adapters into its weights, then run the base block (with
+        ``segments``, packed examples' ids, as `Transformer.block` takes them)."""
         p = dict(p)
         for name in self._block_targets():
             if f"{name}_a" in p:
@@ -179,7 +185,7 @@ class LoRATransformer(Transformer):
                 p[name] = p[name] + low_rank_update(a, b, self.lora_config.scale).astype(
                     p[name].dtype
                 )
-        return super().block(x, p, cos, sin)
+        return super().block(x, p, cos, sin, segments)
 
     def _block_targets(self) -> tuple[str, ...]:
         return tuple(n for n in self.lora_config.targets if n != HEAD)
@@ -192,10 +198,15 @@ class LoRATransformer(Transformer):
             head = head + low_rank_update(a, b, self.lora_config.scale).astype(head.dtype)
         return head
 
-    def __call__(self, tokens: jax.Array, positions: jax.Array | None = None) -> jax.Array:
+    def __call__(
+        self,
+        tokens: jax.Array,
+        positions: jax.Array | None = None,
+        segments: jax.Array | None = None,
+    ) -> jax.Array:
         if HEAD not in self.lora_config.targets or not self.adapters_enabled:
-            return super().__call__(tokens, positions)
-        x = self.hidden_states(tokens, positions)
+            return super().__call__(tokens, positions, segments)
+        x = self.hidden_states(tokens, positions, segments)
         b, t, d = x.shape
         return (x.reshape(b * t, d) @ self.head()).reshape(b, t, -1).astype(jnp.float32)
 

@@ -2,14 +2,18 @@
 
 `pack` lays examples end to end in rows of ``length + 1`` tokens with ``loss_mask`` = 1
 only on completion tokens (prompt tokens carry zero weight, TRL's
-``completion_only_loss``) and ``positions`` restarting at each example, so rotary
-positions are those of an unpacked example. The decoder has no segment mask, so a packed
-example still attends to the ones before it in its row (TRL's original "wrapped"
-packing); pack with ``pack=False`` to keep one example per row.
+``completion_only_loss``), ``positions`` restarting at each example and ``segments``, an
+id per example (1, 2, ... in each row; 0 for padding). `sft_loss` hands both to the
+model, which then attends within each example only, and scores no target across an
+example boundary: a packed row trains exactly as its examples would one per row (TRL's
+``padding_free`` packing, where per-example ``position_ids`` tell the flash-attention
+kernel where each sequence starts, here a segment mask). ``packing=False`` keeps one
+example per row.
 """
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -20,7 +24,7 @@ import optax
 
 from jaxcore import BatchError, ConfigError, load_tokenizer
 
-SFT_KEYS = ("tokens", "loss_mask", "positions")
+SFT_KEYS = ("tokens", "loss_mask", "positions")  # and "segments", from `pack`
 
 
 def chat_example(
@@ -83,12 +87,15 @@ def pack(
 
     Greedy first-fit in the given order; ``eos_id`` (if any) ends each completion and is
     trained on. An example longer than a row raises `ConfigError` (truncating it would
-    silently train on a cut answer). Positions restart per example but the model's
-    attention is causal over the whole row, so a packed example also attends to the
-    examples before it (TRL's ``packing_strategy="wrapped"``); ``packing=False`` puts one
+    silently train on a cut answer). Returns ``tokens``, ``loss_mask``, ``positions``
+    (each example's own, from 0) and ``segments`` (``k`` for the row's ``k``-th example,
+    0 for padding), all ``(rows, length + 1)``: with them `sft_loss` keeps each example's
+    attention and targets to itself, as TRL's ``padding_free=True`` does with
+    ``position_ids``. An example's first token has zero weight even when it is a
+    completion token (no prompt): alone it is never a target. ``packing=False`` puts one
     example in each row.
     """
-    rows: list[tuple[list[int], list[float], list[int]]] = []
+    rows: list[tuple[list[int], list[float], list[int], list[int]]] = []
     for prompt, completion in examples:
         comp = list(completion) + ([eos_id] if eos_id is not None else [])
         toks = list(prompt) + comp
@@ -98,25 +105,35 @@ def pack(
                 "length or filter long examples first."
             )
         weights = [0.0] * len(prompt) + [1.0] * len(comp)
+        if weights:
+            weights[0] = 0.0  # nothing in its example predicts its first token
         pos = list(range(len(toks)))
         if packing and rows and len(rows[-1][0]) + len(toks) <= length + 1:
             row = rows[-1]
-            row[0].extend(toks), row[1].extend(weights), row[2].extend(pos)
+            seg = [row[3][-1] + 1] * len(toks)
+            row[0].extend(toks), row[1].extend(weights), row[2].extend(pos), row[3].extend(seg)
         else:
-            rows.append((toks, weights, pos))
-    out = {k: np.zeros((len(rows), length + 1), np.int32) for k in ("tokens", "positions")}
+            rows.append((toks, weights, pos, [1] * len(toks)))
+    keys = ("tokens", "positions", "segments")
+    out = {k: np.zeros((len(rows), length + 1), np.int32) for k in keys}
     out["tokens"][:] = pad_id
     out["loss_mask"] = np.zeros((len(rows), length + 1), np.float32)
-    for i, (toks, weights, pos) in enumerate(rows):
+    for i, (toks, weights, pos, seg) in enumerate(rows):
         out["tokens"][i, : len(toks)] = toks
         out["loss_mask"][i, : len(toks)] = weights
         out["positions"][i, : len(toks)] = pos
+        out["segments"][i, : len(toks)] = seg
     return out
 
 
 def sft_loss() -> Callable:
     """A jaxcore ``loss_fn``: cross-entropy on completion tokens only (``loss_mask``), the
-    exact mean over them (``weight`` = their count, so accumulation stays exact)."""
+    exact mean over them (``weight`` = their count, so accumulation stays exact).
+
+    With ``segments`` in the batch (`pack` adds them) the model is called as
+    ``model(tokens, positions, segments)`` and a target counts only when it is in the same
+    (non-padding) segment as its input, as `jaxcore.models.lm_loss` does; a batch without
+    them calls ``model(tokens, positions)`` as before (attention then spans the row)."""
 
     def loss_fn(model, batch, rng):
         del rng
@@ -124,9 +141,33 @@ def sft_loss() -> Callable:
         if missing:
             raise BatchError(f"SFT batch lacks {missing}: build batches with rlhf.sft.pack.")
         tokens, mask = batch["tokens"], batch["loss_mask"][:, 1:].astype(jnp.float32)
-        logits = model(tokens[:, :-1], batch["positions"][:, :-1]).astype(jnp.float32)
+        positions, segments = batch["positions"], batch.get("segments")
+        if segments is None:
+            logits = model(tokens[:, :-1], positions[:, :-1])
+        else:
+            _check_takes_segments(model)
+            same = (segments[:, 1:] == segments[:, :-1]) & (segments[:, 1:] != 0)
+            mask = mask * same.astype(jnp.float32)
+            logits = model(tokens[:, :-1], positions[:, :-1], segments[:, :-1])
+        logits = logits.astype(jnp.float32)
         losses = optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:])
         weight = jnp.sum(mask)
         return jnp.sum(losses * mask) / jnp.maximum(weight, 1.0), {"weight": weight}
 
     return loss_fn
+
+
+def _check_takes_segments(model: Any) -> None:
+    """`BatchError` when ``model`` cannot be called as ``model(tokens, positions,
+    segments)`` (a custom model written for batches without segment ids)."""
+    try:
+        inspect.signature(model).bind(None, None, None)
+    except TypeError:
+        raise BatchError(
+            "sft_loss: the batch has 'segments' (rlhf.sft.pack's packed-example ids) but the "
+            "model takes no third argument; give its __call__ a `segments=None` argument as "
+            "jaxcore.models.Transformer's, or delete batch['segments'] (packing=False rows "
+            "lose nothing; packed examples then attend to the ones before them)."
+        ) from None
+    except ValueError:  # no signature to read: the call itself decides
+        pass

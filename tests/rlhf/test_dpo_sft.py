@@ -60,7 +60,7 @@ def test_prompt_tokens_carry_zero_loss_weight():
     rows = pack([([5, 6, 7], [8, 9]), ([10, 4], [11])], 7)
     logits = jax.random.normal(jax.random.key(0), (1, 7, VOCAB))
 
-    def model(tokens, positions):
+    def model(tokens, positions, segments=None):
         return jnp.broadcast_to(logits, (tokens.shape[0], *logits.shape[1:]))
 
     loss, aux = sft_loss()(model, rows, None)
@@ -69,7 +69,7 @@ def test_prompt_tokens_carry_zero_loss_weight():
     np.testing.assert_allclose(loss, (ce * m).sum() / m.sum(), rtol=1e-6)
     assert float(aux["weight"]) == 3.0
     # Gradient w.r.t. the logits vanishes at prompt-target positions.
-    grad = jax.grad(lambda lg: sft_loss()(lambda t, p: lg, rows, None)[0])(logits)
+    grad = jax.grad(lambda lg: sft_loss()(lambda t, p, s=None: lg, rows, None)[0])(logits)
     assert float(jnp.abs(grad[0, m == 0]).max()) == 0.0
 
 

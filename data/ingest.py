@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 Entry = tuple[FileRecord, bytes | None]
 BUDGET_REASONS = ("archive_budget_exceeded", "compression_ratio_exceeded")
 ARCHIVE_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".zip")
-WESTERN = ("cp1252", "latin_1", "iso8859_15", "utf_16", "shift_jis", "gb18030", "euc_kr")
+WESTERN = ("cp1252", "latin_1", "iso8859_15", "utf_16", "shift_jis", "gb18030", "euc_kr", "big5")
 
 
 @dataclass(frozen=True, order=True)
@@ -147,12 +147,29 @@ def assign_shards(units: list[RepoUnit], num_shards: int) -> list[list[RepoUnit]
     return [sorted(s) for s in shards]
 
 
-# Well-formed UTF-8 multi-byte sequences: a file holding these and invalid bytes is
-# damaged UTF-8, not text in a legacy code page.
-_UTF8_MULTIBYTE = re.compile(
-    rb"[\xc2-\xdf][\x80-\xbf]|[\xe0-\xef][\x80-\xbf]{2}|"
-    rb"[\xf0-\xf4][\x80-\xbf]{3}"
-)
+# Bytes ``surrogateescape`` could not decode as UTF-8, and the characters it did decode
+# beyond ASCII (well-formed multi-byte sequences).
+_ESCAPED = re.compile("[\udc80-\udcff]")
+_NON_ASCII = re.compile("[^\x00-\x7f\udc80-\udcff]")
+UTF8_REPAIR_SHARE = 0.9
+"""Share of well-formed sequences among a file's non-ASCII units (sequences plus broken
+bytes) at or above which it is damaged UTF-8, decoded with U+FFFD for the broken bytes."""
+UTF8_MIXED_SHARE = 0.5
+"""Share from which (up to the repair share) a file is UTF-8 mixed with another encoding:
+every single decoding garbles part of it, so it is dropped. Text in a legacy code page
+shares few byte pairs with UTF-8 (measured: Shift_JIS/GBK/Big5/EUC ~0.15, Western and
+Cyrillic code pages ~0.0-0.1 over whole sentences), so below this it goes to detection."""
+UTF8_REPLACED = "utf-8-replaced"
+"""``encoding`` of a damaged UTF-8 file kept with U+FFFD: decode the raw bytes with
+``errors="replace"`` to reproduce its content."""
+
+
+def utf8_damage(raw: bytes) -> tuple[int, int]:
+    """(well-formed multi-byte UTF-8 sequences, bytes that are not valid UTF-8)."""
+    text = raw.decode("utf-8", "surrogateescape")
+    return len(_NON_ASCII.findall(text)), len(_ESCAPED.findall(text))
+
+
 MAX_CHAOS = 0.1
 """charset-normalizer "chaos" (mess ratio) above which a detection is not trusted."""
 
@@ -181,7 +198,9 @@ def decode_wide(raw: bytes) -> tuple[str, str] | None:
 
 
 def decode_bytes(raw: bytes) -> tuple[str, str] | None:
-    """Decode text: UTF-8 first, then confident charset detection; None otherwise."""
+    """Decode text: UTF-8 first; damaged UTF-8 (>= 90% of its non-ASCII well-formed) with
+    U+FFFD; text mostly in another encoding by confident charset detection; None
+    otherwise (mixed encodings, no confident detection)."""
     if raw.startswith(b"\xef\xbb\xbf"):
         try:
             return raw[3:].decode("utf-8"), "utf-8-sig"
@@ -191,8 +210,17 @@ def decode_bytes(raw: bytes) -> tuple[str, str] | None:
         return raw.decode("utf-8"), "utf-8"
     except UnicodeDecodeError:
         pass
-    if _UTF8_MULTIBYTE.search(raw):
-        return None  # UTF-8 text with broken bytes: any code page would garble it
+    if raw.startswith(b"\xef\xbb\xbf"):
+        raw = raw[3:]  # damaged UTF-8 with a BOM: the BOM is no part of the text
+    good, bad = utf8_damage(raw)
+    share = good / (good + bad)
+    if share >= UTF8_REPAIR_SHARE:
+        # A UTF-8 file with a few broken bytes (a stray Latin-1 byte in a comment): a code
+        # page would garble all its good text, so the broken bytes become U+FFFD, as the
+        # WHATWG Encoding Standard's UTF-8 decoder (and so browsers) do.
+        return raw.decode("utf-8", "replace"), UTF8_REPLACED
+    if share >= UTF8_MIXED_SHARE:
+        return None  # UTF-8 mixed with another encoding: any one decoding garbles it
     matches = [m for m in charset_normalizer.from_bytes(raw) if m.chaos <= MAX_CHAOS]
     if not matches:
         return None  # no confident detection: dropped rather than kept as mojibake

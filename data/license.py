@@ -12,6 +12,7 @@ LicenseDB index shipped with ``license-expression``).
 from __future__ import annotations
 
 import configparser
+import fnmatch
 import functools
 import json
 import os
@@ -20,6 +21,7 @@ import re
 import tempfile
 import tomllib
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
@@ -169,29 +171,158 @@ def license_matches(text: str, min_score: float = 0.8) -> list[LicenseMatch]:
     return expression_matches(ids, "spdx") or identify_parts(text, min_score)
 
 
-def _manifest_values(name: str, content: str) -> list[str]:
-    """The license strings a package manifest declares (no validation)."""
+@dataclass(frozen=True)
+class ManifestFields:
+    """What a package manifest says about its license, before any file is read."""
+
+    values: tuple[str, ...] = ()
+    """License strings it declares (not validated)."""
+    files: tuple[str, ...] = ()
+    """The file that is its license, relative to its folder: Cargo's ``license-file``,
+    PEP 621's ``license = {file = ...}``, setuptools' ``license_file``, npm's ``SEE
+    LICENSE IN <file>``. Text that names no known license is ``unidentified_license``."""
+    listed: tuple[str, ...] = ()
+    """Files (or globs) it ships as license files: PEP 639's ``license-files``,
+    setuptools' ``license_files``. They may include AUTHORS or NOTICE files, so one whose
+    text names no license counts only when it is named like a license (LICENSE, COPYING)."""
+    inherits: tuple[str, ...] = ()
+    """Cargo fields taken from the workspace (``license.workspace = true``):
+    ``license`` and/or ``license-file``."""
+    workspace: str | None = None
+    """Cargo ``package.workspace``: the workspace root's folder, relative to this one."""
+    is_workspace: bool = False
+    """A Cargo workspace root (it has a ``[workspace]`` table)."""
+    workspace_values: tuple[str, ...] = ()
+    """Cargo ``[workspace.package] license``."""
+    workspace_files: tuple[str, ...] = ()
+    """Cargo ``[workspace.package] license-file``, relative to the workspace root."""
+
+
+def _strings(value: object) -> tuple[str, ...]:
+    items = value if isinstance(value, list) else [value]
+    return tuple(v.strip() for v in items if isinstance(v, str) and v.strip())
+
+
+def _cfg_list(value: str) -> tuple[str, ...]:
+    """A setuptools list option: one per line or comma separated."""
+    return tuple(v.strip() for v in re.split(r"[,\n]", value) if v.strip())
+
+
+def _cargo_fields(data: dict) -> ManifestFields:
+    package = data.get("package", {})
+    package = package if isinstance(package, dict) else {}
+    license_value, license_file = package.get("license", ""), package.get("license-file", "")
+    inherits = tuple(
+        key
+        for key, v in (("license", license_value), ("license-file", license_file))
+        if isinstance(v, dict) and v.get("workspace") is True
+    )
+    workspace = data.get("workspace")
+    shared = workspace.get("package", {}) if isinstance(workspace, dict) else {}
+    shared = shared if isinstance(shared, dict) else {}
+    return ManifestFields(
+        # Cargo's deprecated "MIT/Apache-2.0" means either license.
+        values=tuple(v.replace("/", " OR ") for v in _strings(license_value)),
+        files=_strings(license_file),
+        inherits=inherits,
+        workspace=package.get("workspace") if isinstance(package.get("workspace"), str) else None,
+        is_workspace=isinstance(workspace, dict),
+        workspace_values=tuple(v.replace("/", " OR ") for v in _strings(shared.get("license"))),
+        workspace_files=_strings(shared.get("license-file")),
+    )
+
+
+def manifest_fields(name: str, content: str) -> ManifestFields:
+    """The license fields of a package manifest (raises ValueError and friends on a
+    manifest that does not parse)."""
+    # A byte-order mark (Windows editors write one) is no part of JSON, TOML or INI.
+    content = content.lstrip("\ufeff")
     if name.endswith(".json"):
         data = json.loads(content)
         if not isinstance(data, dict):
-            return []
+            return ManifestFields()
         declared = data.get("license", data.get("licenses"))
         items = declared if isinstance(declared, list) else [declared]
         # npm's legacy {"type": "MIT"} objects; a list offers a choice (npm, composer).
         values = [i.get("type") if isinstance(i, dict) else i for i in items]
-        values = [v for v in values if isinstance(v, str) and v.strip()]
-        return [" OR ".join(f"({v})" for v in values)] if len(values) > 1 else values
+        values = [v.strip() for v in values if isinstance(v, str) and v.strip()]
+        # npm: "SEE LICENSE IN <filename>" points at a file in the package.
+        files = tuple(
+            m.group(1).strip()
+            for v in values
+            if (m := re.match(r"SEE\s+LICEN[CS]E\s+IN\s+(\S.*)$", v, re.I))
+        )
+        values = [v for v in values if not v.upper().startswith("SEE LICEN")]
+        if len(values) > 1:
+            values = [" OR ".join(f"({v})" for v in values)]
+        return ManifestFields(values=tuple(values), files=files)
     if name == "setup.cfg":
         cfg = configparser.ConfigParser(interpolation=None)
         cfg.read_string(content)
-        return [cfg.get("metadata", "license", fallback="")]
+        return ManifestFields(
+            values=_strings(cfg.get("metadata", "license", fallback="")),
+            files=_strings(cfg.get("metadata", "license_file", fallback="")),
+            listed=_cfg_list(cfg.get("metadata", "license_files", fallback="")),
+        )
     data = tomllib.loads(content)
     if name == "Cargo.toml":
-        # Cargo's deprecated "MIT/Apache-2.0" means either license.
-        return [str(data.get("package", {}).get("license", "")).replace("/", " OR ")]
+        return _cargo_fields(data)
     project = data.get("project", {})
+    project = project if isinstance(project, dict) else {}
     value = project.get("license") or data.get("tool", {}).get("poetry", {}).get("license")
-    return [value.get("text", "") if isinstance(value, dict) else str(value or "")]
+    listed = _strings(project.get("license-files"))  # PEP 639: globs
+    if isinstance(value, dict):  # PEP 621: {text = "..."} or {file = "..."}
+        return ManifestFields(_strings(value.get("text")), _strings(value.get("file")), listed)
+    return ManifestFields(_strings(value), listed=listed)
+
+
+def _manifest_values(name: str, content: str) -> list[str]:
+    """The license strings a package manifest declares (no validation); a Cargo
+    workspace root without a ``[package]`` license declares its ``[workspace.package]``
+    one."""
+    fields = manifest_fields(name, content)
+    return list(fields.values or (fields.workspace_values if not fields.files else ()))
+
+
+def _in_repo(folder: str, name: str) -> str | None:
+    """``name`` relative to ``folder`` as a repository path; None when it leaves the
+    repository (``../..``, an absolute path)."""
+    if name.startswith("/"):
+        return None
+    target = posixpath.normpath(posixpath.join(folder, name))
+    if target == ".." or target.startswith("../"):
+        return None
+    return "" if target == "." else target
+
+
+def _named_files(folder: str, names: Iterable[str], paths: Iterable[str]) -> list[str]:
+    """The repository paths that ``names`` (paths or globs, relative to ``folder``) name."""
+    out: list[str] = []
+    for name in names:
+        target = _in_repo(folder, name)
+        if not target:
+            continue
+        if any(c in name for c in "*?["):
+            out += sorted(p for p in paths if fnmatch.fnmatchcase(p, target))
+        elif target in paths:
+            out.append(target)
+    return list(dict.fromkeys(out))
+
+
+def _cargo_root(folder: str, fields: ManifestFields, roots: dict[str, ManifestFields]):
+    """The folder of a Cargo member's workspace root: the one ``package.workspace``
+    names, else the nearest folder up (its own included) whose Cargo.toml has a
+    ``[workspace]`` table, as Cargo searches; None when there is none."""
+    if fields.workspace is not None:
+        named = _in_repo(folder, fields.workspace)
+        return named if named is not None and named in roots else None
+    d = folder
+    while True:
+        if d in roots:
+            return d
+        if not d:
+            return None
+        d = posixpath.dirname(d)
 
 
 def _normalise_license_name(value: str) -> str:
@@ -209,11 +340,16 @@ def manifest_license(path: str, content: str) -> list[LicenseMatch]:
     declare nothing (the license file decides)."""
     base = posixpath.basename(path)
     try:
-        # A byte-order mark (Windows editors write one) is no part of JSON or TOML.
-        values = [v.strip() for v in _manifest_values(base, content.lstrip("\ufeff")) if v.strip()]
+        values = [v.strip() for v in _manifest_values(base, content) if v.strip()]
     except (ValueError, AttributeError, configparser.Error):
         return []
-    values = [v for v in values if not v.upper().startswith("SEE LICEN")]
+    return declared_matches(values)
+
+
+def declared_matches(values: Iterable[str]) -> list[LicenseMatch]:
+    """The matches of declared license strings: SPDX expressions or license names,
+    ``UNLICENSED``, else ``unidentified_license``; none for no strings."""
+    values = [v for v in values if v and not v.upper().startswith("SEE LICEN")]
     if not values:
         return []
     if any(v.upper() in PROPRIETARY_MARKERS for v in values):
@@ -419,28 +555,94 @@ class LicenseStep:
             stats.bytes_out += rec.size
         yield rec
 
+    @staticmethod
+    def _manifests(live: dict[str, FileRecord], spill: _Spill) -> dict[str, ManifestFields]:
+        """Every package manifest of the repository that parses, by path."""
+        out: dict[str, ManifestFields] = {}
+        for path, rec in live.items():
+            base = posixpath.basename(path)
+            if MANIFEST_FILE.match(base):
+                try:
+                    out[path] = manifest_fields(base, spill.content(rec))
+                except (ValueError, AttributeError, configparser.Error):
+                    continue  # unreadable: declares nothing (the license file decides)
+        return out
+
+    def _declared(
+        self,
+        path: str,
+        manifests: dict[str, ManifestFields],
+        roots: dict[str, ManifestFields],
+        live: dict[str, FileRecord],
+        spill: _Spill,
+    ) -> list[list[LicenseMatch]]:
+        """What a manifest declares, one list per source: its license strings; else the
+        text of the file it names; a Cargo member's ``license.workspace = true`` takes
+        its workspace root's ``[workspace.package]`` license (or license-file, relative
+        to the root), as Cargo's inheritance does; a workspace root without a license of
+        its own declares its ``[workspace.package]`` one for its folder."""
+        fields, folder = manifests[path], posixpath.dirname(path)
+        values, files, base = fields.values, fields.files, folder
+        if fields.inherits:
+            root = _cargo_root(folder, fields, roots)
+            shared = roots[root] if root is not None else ManifestFields()
+            if "license" in fields.inherits and not values:
+                values = shared.workspace_values
+            if "license-file" in fields.inherits and not files:
+                files, base = shared.workspace_files, root or ""
+        elif fields.is_workspace and not values and not files:
+            values, files = fields.workspace_values, fields.workspace_files
+        if values:
+            declared = declared_matches(values)
+            return [declared] if declared else []
+        out: list[list[LicenseMatch]] = []
+        for target in _named_files(base, files, live):
+            text = spill.content(live[target])
+            matches = license_matches(text, self.config.min_score)
+            if not matches and text.strip():
+                matches = [LicenseMatch(UNIDENTIFIED, 0.0, 0, "none")]
+            out += [matches] if matches else []
+        for target in _named_files(folder, fields.listed, live):
+            text = spill.content(live[target])
+            matches = license_matches(text, self.config.min_score)
+            named_like_one = is_license_file(target) and not posixpath.basename(
+                target
+            ).lower().startswith(("notice", "copyright"))
+            if not matches and text.strip() and named_like_one:
+                matches = [LicenseMatch(UNIDENTIFIED, 0.0, 0, "none")]
+            out += [matches] if matches else []
+        return out
+
     def _apply(self, buf: list[FileRecord], stats: StageStats, spill: _Spill) -> None:
         # directory -> (all ids, deciding file, primaries, deciding score)
         dir_licenses: dict[str, tuple[tuple[str, ...], str, tuple[str, ...], float]] = {}
         found: dict[str, list[tuple[int, str, list[LicenseMatch]]]] = {}
         reuse: dict[str, list[str]] = {}
+        live = {rec.path: rec for rec in buf if not rec.drop_stage}
+        manifests = self._manifests(live, spill)
+        roots = {
+            posixpath.dirname(p): f
+            for p, f in manifests.items()
+            if f.is_workspace and posixpath.basename(p) == "Cargo.toml"
+        }
         for rec in buf:
             if rec.drop_stage:
                 continue
             base = posixpath.basename(rec.path)
+            if rec.path in manifests:
+                for matches in self._declared(rec.path, manifests, roots, live, spill):
+                    stats.count("license_files")
+                    found.setdefault(posixpath.dirname(rec.path), []).append((1, rec.path, matches))
+                continue
             if _reuse_license(rec.path):
                 reuse.setdefault(posixpath.dirname(posixpath.dirname(rec.path)), []).append(
                     rec.path
                 )
                 continue
-            manifest = MANIFEST_FILE.match(base) is not None
-            if not (_license_name(base) or README_FILE.match(base) or manifest):
+            if not (_license_name(base) or README_FILE.match(base)):
                 continue
             content = spill.content(rec)
-            if manifest:
-                matches = manifest_license(rec.path, content)
-            else:
-                matches = license_of_file(rec.path, content, self.config.min_score)
+            matches = license_of_file(rec.path, content, self.config.min_score)
             if (
                 not matches
                 and _license_name(base)

@@ -80,7 +80,10 @@ def test_zip_member_over_ratio_is_dropped_unread(tmp_path: Path) -> None:
 
 def test_invalid_utf8_dropped_with_reason_unless_detection_confident() -> None:
     broken = "caf\u00e9 na\u00efve r\u00e9sum\u00e9\n".encode() * 20 + b"\xff\xfe bad \x80\n"
-    assert decode_bytes(broken) is None
+    # Stop 41: >= 90% of its non-ASCII well-formed, so damaged UTF-8 kept with U+FFFD.
+    assert decode_bytes(broken) == (broken.decode("utf-8", "replace"), "utf-8-replaced")
+    mixed = "caf\u00e9 na\u00efve\n".encode() * 2 + "r\u00e9sum\u00e9\n".encode("cp1252")
+    assert decode_bytes(mixed) is None  # half UTF-8, half cp1252: dropped
     latin = (
         "Gr\u00fc\u00dfe aus K\u00f6ln, sch\u00f6ne Gr\u00fc\u00dfe und viele "
         "\u00c4pfel f\u00fcr die Stra\u00dfe.\n" * 20

@@ -18,7 +18,7 @@ import optax
 
 import jaxcore as jc
 from torchbridge.errors import UnsupportedError
-from torchbridge.module import BoundModule, bridge, guard_grad_scaler
+from torchbridge.module import BoundModule, bridge, environment, guard_grad_scaler, to_numpy
 from torchbridge.optim import HostHyperparams, SchedulePosition, host_driven, to_optax
 from torchbridge.sharding import linear_rules_on_conv1d
 from torchbridge.step import TorchPlan
@@ -209,10 +209,41 @@ def loss(
     """
 
     def run(module, x, y):
-        return criterion(module(x), y)
+        own = _criterion_tensors(criterion)
+        if not own:
+            return criterion(module(x), y)
+        from torch.nn.utils import stateless
+
+        # The criterion's own tensors (CrossEntropyLoss(weight=...), BCEWithLogitsLoss's
+        # pos_weight) as the step's constants: torch CPU tensors cannot mix with the
+        # module's JAX ones (torchax's "mixed math between XLATensor and torch.Tensor").
+        with stateless._reparametrize_module(criterion, environment().j2t_iso(own)):
+            return criterion(module(x), y)
 
     def loss_fn(model: BoundModule, batch: Any, rng: jax.Array | None):
-        value = model.call(run, batch[inputs], batch[target], rng=rng)
+        try:
+            x, y = batch[inputs], batch[target]
+        except (KeyError, IndexError, TypeError) as e:
+            keys = sorted(batch) if isinstance(batch, dict) else f"a {type(batch).__name__}"
+            raise jc.BatchError(
+                f"torchbridge.loss(inputs={inputs!r}, target={target!r}): the batch has no "
+                f"such entries (it is {keys}); name its keys, e.g. "
+                "torchbridge.loss(criterion, inputs='x', target='y') for a dict batch, or "
+                "write a loss function that unpacks it."
+            ) from e
+        value = model.call(run, x, y, rng=rng)
         return value, {}
 
     return loss_fn
+
+
+def _criterion_tensors(criterion: Any) -> dict[str, Any]:
+    """A torch criterion module's parameters and buffers, as JAX arrays (none: ``{}``)."""
+    import itertools
+
+    import torch
+
+    if not isinstance(criterion, torch.nn.Module):
+        return {}
+    own = itertools.chain(criterion.named_parameters(), criterion.named_buffers())
+    return {name: jax.numpy.asarray(to_numpy(t)) for name, t in own}

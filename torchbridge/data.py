@@ -405,6 +405,9 @@ class TorchLoader:
         while self.num_epochs is None or self._state["epoch"] < self.num_epochs:
             batches, next_rngs = self._epoch_batches(self._state)
             mine = self._process_batches(batches)
+            if not mine and self.num_epochs is None:
+                # Run forever over epochs without a batch would spin here, never yielding.
+                raise jc.ConfigError(self._no_batches(len(batches)))
             dataset = (
                 grain.MapDataset.source(mine)
                 .map(self._collate)
@@ -421,6 +424,25 @@ class TorchLoader:
                 self._state = {**self._state, "batch": k + 1}
                 yield batch if self.engine is None else self._shard(batch, len(mine[k]))
             self._state = {"epoch": self._state["epoch"] + 1, "batch": 0, **next_rngs}
+
+    def _no_batches(self, batches: int) -> str:
+        procs = self._block()[1]
+        if batches:
+            why = f"its {batches} batch(es) are fewer than the {procs} processes that each need one"
+        elif self.custom is not None:
+            why = f"its batch_sampler {type(self.custom).__name__} yields no batches"
+        else:
+            why = (
+                f"its sampler yields {len(self.sampler)} rows, "
+                + ("fewer than" if self.drop_last and len(self.sampler) else "and")
+                + f" batch_size={self.batch_size}"
+                + (", drop_last=True" if self.drop_last else "")
+            )
+        return (
+            f"TorchLoader(num_epochs=None): the DataLoader gives no batch in an epoch ({why}), "
+            "so iterating it forever would never yield one. Use a non-empty dataset, a "
+            "smaller batch_size or drop_last=False."
+        )
 
     def _shard(self, batch: Any, rows: int) -> Any:
         try:

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from jaxcore.errors import ConfigError
 from jaxcore.models import TransformerConfig, plain_matmul, prefill
 from jaxcore.models.decoding import Matmul, Weights
 
@@ -25,6 +26,8 @@ from jaxcore.models.decoding import Matmul, Weights
 def decoding_weights_of(params: dict[str, Any], cfg: TransformerConfig) -> Weights:
     """The weights `prefill` reads, from the engine's params of a `Transformer`."""
     blocks = ("attn_norm", "wq", "wk", "wv", "wo", "mlp_norm", "w_gate", "w_up", "w_down")
+    if cfg.qkv_bias:  # Qwen2's q/k/v biases, which prefill adds (they used to be left out)
+        blocks += ("bq", "bk", "bv")
     head = params["embed"].T if cfg.tie_embeddings else params["lm_head"]
     return {
         "embed": params["embed"],
@@ -66,6 +69,11 @@ def perplexity(
     ``transform`` maps the decoding weights first (e.g. to int8), ``matmul`` is the hook
     that multiplies by them.
     """
+    batches = [_tokens(b) for b in batches]
+    if not batches:
+        raise ConfigError(
+            "perplexity: no batches; pass at least one (batch, seq_len + 1) token array."
+        )
     weights = decoding_weights_of(params, cfg)
     if transform is not None:
         weights = transform(weights)
@@ -73,6 +81,23 @@ def perplexity(
     nll = sum(float(total(weights, jnp.asarray(b))) for b in batches)
     tokens = sum(b.shape[0] * (b.shape[1] - 1) for b in batches)
     return float(np.exp(nll / tokens))
+
+
+def _tokens(batch: Any) -> np.ndarray:
+    """One evaluation batch as ``(batch, seq_len + 1)`` int tokens; every token counts."""
+    if isinstance(batch, dict):
+        raise ConfigError(
+            f"perplexity: a batch is a dict with keys {sorted(batch)}; pass its token rows, "
+            "batch['tokens'] of shape (batch, seq_len + 1), unpadded and unpacked (every "
+            "token is scored: a mask or segments would not be applied)."
+        )
+    tokens = batch if hasattr(batch, "shape") and hasattr(batch, "dtype") else np.asarray(batch)
+    if tokens.ndim != 2 or tokens.shape[1] < 2 or not np.issubdtype(tokens.dtype, np.integer):
+        raise ConfigError(
+            f"perplexity: a batch of shape {tokens.shape} and dtype {tokens.dtype}; pass int "
+            "token rows of shape (batch, seq_len + 1), seq_len >= 1."
+        )
+    return tokens
 
 
 @functools.lru_cache(maxsize=32)

@@ -249,12 +249,31 @@ def param_shardings(cfg: TransformerConfig, target: Any) -> dict[str, Any]:
     )
 
 
-def _dtype(value: Any) -> Any:
-    if value is None or value == "auto":
+# The float dtypes a safetensors checkpoint holds that a Transformer computes in.
+FLOAT_DTYPES = ("float32", "bfloat16", "float16", "float64")
+
+
+def check_dtype(value: Any, where: str) -> Any:
+    """``value`` as a NumPy float dtype (``None`` for ``None`` or ``"auto"``: keep each
+    tensor's own); anything else (``"bf16"``, ``"int8"``, a typo) is a `ConfigError`."""
+    if value is None or (isinstance(value, str) and value == "auto"):
         return None
     import jax.numpy as jnp
 
-    return np.dtype(jnp.dtype(value))
+    try:
+        d = np.dtype(jnp.dtype(value))
+    except TypeError:
+        d = None
+    if d is None or d.name not in FLOAT_DTYPES:
+        raise ConfigError(
+            f"{where}(dtype={value!r}): not a float dtype a checkpoint holds; use 'auto' "
+            f"(the checkpoint's own) or one of {list(FLOAT_DTYPES)}, e.g. dtype='bfloat16'."
+        )
+    return d
+
+
+def _dtype(value: Any) -> Any:
+    return check_dtype(value, "jaxcore.hf.load")
 
 
 def load(

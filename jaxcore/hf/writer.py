@@ -26,7 +26,7 @@ from jax.experimental import multihost_utils
 from jaxcore.errors import ConfigError
 from jaxcore.hf import layout
 from jaxcore.hf.config import config_to_hf
-from jaxcore.hf.reader import INDEX_FILE, SINGLE_FILE
+from jaxcore.hf.reader import INDEX_FILE, SINGLE_FILE, check_dtype
 from jaxcore.models.transformer import TransformerConfig
 
 # safetensors' dtype codes for what native parameters hold.
@@ -91,6 +91,16 @@ def save(
     head (``rlhf.export_reward_model``: ``score.weight`` and ``*ForSequenceClassification``).
     """
     directory = pathlib.Path(directory)
+    dtype = check_dtype(dtype, "jaxcore.hf.save")
+    if (
+        isinstance(max_shard_bytes, bool)
+        or not isinstance(max_shard_bytes, int | np.integer)
+        or max_shard_bytes < 1
+    ):
+        raise ConfigError(
+            f"jaxcore.hf.save(max_shard_bytes={max_shard_bytes!r}): give the largest file "
+            "size as a number of bytes >= 1, e.g. 5 * 2**30 (save_pretrained's '5GB')."
+        )
     size = layout.sizes(config)
     maps = {m.native: m for m in layout.tensor_maps(config)}
     unknown, missing = sorted(set(params) - set(maps)), sorted(set(maps) - set(params))

@@ -10,6 +10,7 @@ import multiprocessing as mp
 import os
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
+from concurrent.futures.process import BrokenProcessPool
 from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -51,6 +52,16 @@ class LocalPipelineExecutor:
                         for fut in as_completed(futures):
                             results[futures[fut]] = fut.result()
                             bar.advance(task)
+                    except BrokenProcessPool as e:
+                        _stop(pool)
+                        from data.errors import BuildError
+
+                        raise BuildError(
+                            f"a worker process of {desc!r} died ({e}). If a script calls "
+                            "data.build() at its top level, put the call under `if __name__ "
+                            '== "__main__":` (the workers import the script); otherwise it '
+                            "was killed (out of memory?): rerun to resume, or set workers: 1"
+                        ) from e
                     except BaseException:
                         _stop(pool)
                         raise

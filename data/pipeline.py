@@ -22,6 +22,7 @@ import logging
 import os
 import shutil
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -33,7 +34,7 @@ import pyarrow.parquet as pq
 from data.config import BuildConfig, config_from_dict
 from data.decontam import DecontamStep
 from data.dedup import DedupItem, SignatureStep, find_duplicates
-from data.errors import BuildError
+from data.errors import BuildError, DataConfigError
 from data.executor import make_executor
 from data.filters import FilterStep
 from data.ingest import IngestStep, RepoUnit, assign_shards, plan_units
@@ -232,10 +233,20 @@ def _plan(cfg: BuildConfig, *, check: bool = True) -> list[list[RepoUnit]]:
         tmp.unlink()
     saved = json.loads(p.read_text())
     if check and saved["inputs_sha256"] != key:
+        # A finished snapshot is not "resumed": say what it is (an opt-out request added
+        # after it was built is the usual cause; the fix is the next version).
+        finished = (cfg.version_dir / "manifest.json").exists()
         raise BuildError(
-            f"{cfg.version_dir} was started with a different config, opt-out registry or "
-            "decontamination files; resuming would mix the two. Fix: build into a new "
-            f"version (version: ...), or delete {cfg.version_dir} to rebuild this one"
+            f"{cfg.version_dir} "
+            + (
+                "is a finished snapshot built with a different config, opt-out registry or "
+                "decontamination files; it is not rebuilt in place"
+                if finished
+                else "was started with a different config, opt-out registry or "
+                "decontamination files; resuming would mix the two"
+            )
+            + f". Fix: build into a new version (version: ...), or delete {cfg.version_dir} "
+            "to rebuild this one"
         )
     return [[RepoUnit(**u) for u in s] for s in saved["shards"]]
 
@@ -502,10 +513,34 @@ def _sum(dicts: list[dict[str, int]]) -> dict[str, int]:
     return dict(sorted(out.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
+MAIN_GUARD = (
+    'put the call under `if __name__ == "__main__":` in the script: the build\'s worker '
+    "processes (multiprocessing's forkserver) import the script, which then builds again"
+)
+
+
 def build(cfg: BuildConfig) -> dict[str, Any]:
     """Run (or resume) a build; returns the manifest. Writes ``<output_dir>/<version>/``."""
+    if _called_from_mp_main():
+        # A worker importing a script that calls build() at its top level: each worker
+        # tried to build too and failed with "another build is writing" (the parent holds
+        # the lock), and the parent with BrokenProcessPool.
+        raise BuildError(f"data.build() ran inside a build worker; {MAIN_GUARD}")
     with _terminate_as_interrupt(), _version_lock(cfg):
         return _build(cfg)
+
+
+def _called_from_mp_main() -> bool:
+    """Whether a caller is a script's top level run as ``__mp_main__``: what
+    multiprocessing names the main script when a spawn or forkserver child imports it.
+    Only the module-level code counts (the import): a function of that script that a
+    child process runs as its target is a deliberate call."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name == "<module>" and frame.f_globals.get("__name__") == "__mp_main__":
+            return True
+        frame = frame.f_back
+    return False
 
 
 class Interrupted(KeyboardInterrupt):
@@ -535,9 +570,34 @@ def _terminate_as_interrupt():
         signal.signal(signal.SIGTERM, previous)
 
 
+def _check_inputs(cfg: BuildConfig) -> None:
+    """Refuse a decontamination file that is not there before any shard starts (it failed
+    mid-build with "free space or fix permissions"), and say so when the opt-out registry
+    named in the config does not exist: it is read as empty (no opt-outs, registry
+    version 0), which a mistyped path would otherwise do silently."""
+    for i, f in enumerate(cfg.decontam.files):
+        if not Path(f).is_file():
+            raise DataConfigError(
+                f"decontam.files[{i}]",
+                f"{f} does not exist",
+                "give a text file (one string per line) or JSONL with a `text` field; a "
+                "relative path is read from the build file's folder",
+            )
+    reg = cfg.optout.registry
+    if reg and not Path(reg).exists():
+        log.warning(
+            "optout.registry %s does not exist: no opt-outs are applied (registry version "
+            "0). If that is not intended, fix the path; `data optout add --registry %s ...` "
+            "creates it.",
+            reg,
+            reg,
+        )
+
+
 def _build(cfg: BuildConfig) -> dict[str, Any]:
     t_start = time.perf_counter()
     vdir = cfg.version_dir
+    _check_inputs(cfg)
     if cfg.tokenize.enabled and cfg.tokenize.tokenizer:
         from data.tokens import load_tokenizer
 

@@ -242,6 +242,23 @@ def load_manifest(version_dir: str | Path) -> dict[str, Any]:
     """Read a snapshot's manifest (raises BuildError when it is not a finished snapshot)."""
     p = Path(version_dir) / "manifest.json"
     if not p.is_file():
+        d = Path(version_dir)
+        if not d.is_dir():
+            raise BuildError(
+                f"{version_dir} does not exist. Fix: give a version folder, e.g. out/v1"
+            )
+        # An output_dir given for one of its versions (`data stats out`): name them.
+        from data.versions import version_key
+
+        inner = sorted(
+            (x.name for x in d.iterdir() if (x / "manifest.json").is_file()), key=version_key
+        )
+        if inner:
+            shown = ", ".join(str(d / v) for v in inner[:5]) + (", ..." if len(inner) > 5 else "")
+            raise BuildError(
+                f"{version_dir} is an output_dir, not a version. Fix: give one of its "
+                f"versions: {shown}"
+            )
         raise BuildError(f"{version_dir} has no manifest.json: not a finished build")
     try:
         return json.loads(p.read_text())

@@ -153,6 +153,7 @@ def _create(args: argparse.Namespace) -> int:
         progress=not args.quiet,
         ray_address=args.ray_address,
     )
+    args.experiment_id, args.store_url = loop.exp_id, store.url  # for an interrupt's advice
     print(
         f"experiment {loop.exp_id} created ({config.searcher.name}, "
         f"{loop.experiment['uuid']}); workdir {loop.workdir}",
@@ -254,6 +255,7 @@ def _set_state(args: argparse.Namespace, state: str) -> int:
     from jaxcore.experiments.experiment import ExperimentLoop, config_of
 
     print(f"experiment {args.id}: its loop ({exp['owner']}) is gone; resuming it here", flush=True)
+    args.experiment_id, args.store_url = args.id, store.url
     loop = ExperimentLoop(
         config_of(store, args.id),
         store=store,
@@ -307,6 +309,7 @@ def _trial_describe(args: argparse.Namespace) -> int:
 
 
 def _trial_logs(args: argparse.Namespace) -> int:
+    from jaxcore.experiments.store import TERMINAL
     from jaxcore.experiments.trial_context import trial_dir
 
     store = _store(args)
@@ -317,7 +320,17 @@ def _trial_logs(args: argparse.Namespace) -> int:
     exp = store.experiment(row["experiment_id"])
     path = trial_dir(exp, args.id) / "logs.txt"
     if not path.exists():
-        print(f"trial {args.id} has no logs yet ({path})", file=sys.stderr)
+        if row["state"] in TERMINAL:
+            # An inline trial (`jaxcore train`, `--executor inline`) wrote to the terminal
+            # of the command that ran it; only its failure is appended to this file.
+            print(
+                f"trial {args.id} is {row['state']} and wrote no log file ({path}): it ran "
+                "inside the command that launched it ('jaxcore train' or --executor inline), "
+                "whose terminal got its output",
+                file=sys.stderr,
+            )
+        else:
+            print(f"trial {args.id} has no logs yet ({path})", file=sys.stderr)
         return 1
     sys.stdout.write(path.read_text(errors="replace"))
     return 0
@@ -370,7 +383,9 @@ def _train(args: argparse.Namespace) -> int:
 
     check_entrypoint(config.entrypoint)
     store = _store(args, config, create=True)
-    summary = ExperimentLoop(config, store=store, executor="inline").run()
+    loop = ExperimentLoop(config, store=store, executor="inline")
+    args.experiment_id, args.store_url = loop.exp_id, store.url
+    summary = loop.run()
     trial = summary.trials[0]
     print(
         json.dumps(
@@ -464,6 +479,24 @@ def main(argv: list[str] | None = None) -> int:
     except JaxcoreError as e:
         print(f"jaxcore {args.group}: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        # Ctrl-C: one line saying what is left and how to go on (it was a traceback from
+        # the loop's sleep). The loop's turns are store transactions and its trials die
+        # with it, so `experiment resume` continues from the trials' latest checkpoints.
+        exp_id = getattr(args, "experiment_id", None)
+        if exp_id is None:
+            print(f"jaxcore {args.group}: interrupted", file=sys.stderr)
+        else:
+            from jaxcore.experiments.store import safe_url
+
+            print(
+                f"jaxcore {args.group}: interrupted; experiment {exp_id} stays ACTIVE with "
+                f"its checkpoints: 'jaxcore experiment resume {exp_id} --db "
+                f"{safe_url(args.store_url)}' continues it, 'jaxcore experiment kill "
+                f"{exp_id}' ends it.",
+                file=sys.stderr,
+            )
+        return 130
 
 
 if __name__ == "__main__":

@@ -201,7 +201,9 @@ class Registry:
                 )
             src = pathlib.Path(ckpt_row["path"])
         else:
-            src = pathlib.Path(checkpoint)
+            # Absolute: Orbax refuses a relative path (a ValueError traceback from the
+            # CLI's `model register NAME runs/x/100`), and the lineage records where it was.
+            src = pathlib.Path(checkpoint).absolute()
         if not src.is_dir():
             raise ConfigError(
                 f"checkpoint directory {src} does not exist"
@@ -219,7 +221,7 @@ class Registry:
         if tokenizer is not None and not pathlib.Path(tokenizer).is_file():
             raise ConfigError(f"tokenizer {tokenizer} does not exist.")
         meta = {
-            **(metadata or {}),
+            **_absolute_dataset(metadata or {}),
             "model_config": model_config,
             # The data lineage the trial recorded (dataset version, manifest and
             # tokenizer hashes, code version) travels with the version.
@@ -396,6 +398,27 @@ class Registry:
         from jaxcore.checkpointing.portable import read_params
 
         return read_params(path)[0]
+
+
+def _absolute_dataset(metadata: dict[str, Any]) -> dict[str, Any]:
+    """``metadata["dataset"]`` (a ``data build`` version folder, as a path or a dict with
+    ``path``) made absolute where it names an existing folder from the current one: the
+    dashboard links a version's lineage to the dataset whose root the path starts with, so
+    a relative ``"out/v2"`` stayed unlinked text."""
+    ref = metadata.get("dataset")
+    key = None
+    if isinstance(ref, dict):
+        key = "path" if ref.get("path") else "dir" if ref.get("dir") else None
+        path = ref.get(key) if key else None
+    else:
+        path = ref
+    if not isinstance(path, (str, os.PathLike)) or not str(path):
+        return metadata
+    p = pathlib.Path(path)
+    if p.is_absolute() or not p.is_dir():
+        return metadata
+    absolute = str(p.absolute())
+    return {**metadata, "dataset": {**ref, key: absolute} if key else absolute}
 
 
 def load(name: str, ref: int | str = "latest", *, db: str | None = None, engine: Any = None) -> Any:

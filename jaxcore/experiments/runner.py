@@ -28,7 +28,12 @@ def load_entrypoint(spec: str) -> Any:
     if target.endswith(".py"):
         path = pathlib.Path(target)
         if not path.exists():
-            raise ConfigError(f"entrypoint {spec!r}: {path} does not exist.")
+            where = "" if path.is_absolute() else f" in {os.getcwd()}"
+            raise ConfigError(
+                f"entrypoint {spec!r}: {path} does not exist{where} (a relative path is "
+                "read from the folder the command runs in, like workdir); run from the "
+                "folder that holds it or give an absolute path."
+            )
         name = f"_jaxcore_trial_{abs(hash(str(path.resolve())))}"
         mod_spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(mod_spec)

@@ -31,6 +31,8 @@ import sys
 import traceback
 from typing import Any
 
+from jaxcore.errors import ConfigError
+
 log = logging.getLogger(__name__)
 
 
@@ -302,11 +304,22 @@ class RayTrialExecutor(TrialExecutor):
         devices_per_trial: int = 1,
         max_concurrent: int | None = None,
     ):
-        import ray
-
+        try:
+            import ray
+        except ImportError:
+            raise ConfigError(
+                "--executor ray: Ray is not installed here; pip install 'ray==2.60.0' "
+                "(the version jaxcore's data-ray extra pins), or use --executor local."
+            ) from None
         self.ray = ray
         if not ray.is_initialized():
-            ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+            try:
+                ray.init(address=address, ignore_reinit_error=True, log_to_driver=False)
+            except ConnectionError as e:  # `--ray-address auto` and no cluster: a traceback
+                raise ConfigError(
+                    f"--ray-address {address}: {e} Start one with `ray start --head`, or leave "
+                    "--ray-address out to start a local Ray for this command."
+                ) from None
         resources = ray.cluster_resources()
         self.gpus = int(resources.get("GPU", 0))
         self.per_trial = devices_per_trial

@@ -62,7 +62,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--port", type=_port, default=8765, help="1 to 65535 (default 8765)")
     p.add_argument(
-        "--token-file", default=None, help=f"file holding the access token (default: ${TOKEN_ENV})"
+        "--token-file",
+        default=None,
+        help=f"file holding the access token, then required on any bind (default: ${TOKEN_ENV})",
     )
     p.add_argument(
         "--require-token",
@@ -90,7 +92,10 @@ def resolve(args: argparse.Namespace) -> tuple[str, str | None]:
     if db is None:
         db = f"sqlite:///{os.path.abspath(os.path.join(args.workdir, 'jaxcore.db'))}"
     token = read_token(args.token_file)
-    needs = args.require_token or not is_local_host(args.host)
+    # An explicit --token-file asks for the token even on a local bind (it was dropped
+    # there without a word, leaving a shared machine's dashboard open); a token that is
+    # only in the environment is still ignored by a local bind.
+    needs = args.require_token or bool(args.token_file) or not is_local_host(args.host)
     if needs and token is None:
         why = "--require-token" if args.require_token else f"--host {args.host} is not local"
         raise ConfigError(
@@ -102,11 +107,33 @@ def resolve(args: argparse.Namespace) -> tuple[str, str | None]:
     return db, token if needs else None
 
 
+def check_datasets(dirs: list[str] | None) -> list[str]:
+    """``--datasets`` must name ``data build`` output_dirs: a version folder (one with a
+    ``manifest.json``) showed an empty dataset without a word, so it is refused naming
+    its output_dir. A folder that is not there yet (a first build still to run) is
+    allowed; the returned notes say so."""
+    notes = []
+    for d in dirs or []:
+        path = pathlib.Path(d)
+        if (path / "manifest.json").is_file():
+            raise ConfigError(
+                f"--datasets {d} is one version of a build (it holds manifest.json); give "
+                f"its output_dir: --datasets {path.parent}"
+            )
+        if not path.is_dir():
+            notes.append(
+                f"jaxcore ui: no folder {path.absolute()} yet; its versions show once a "
+                "'data build' writes there (--datasets takes a build's output_dir)."
+            )
+    return notes
+
+
 def main(argv: list[str] | None = None) -> int:
     """Serve until interrupted; returns the exit status."""
     args = _parser().parse_args(argv)
     try:
         db, token = resolve(args)
+        notes = check_datasets(args.datasets)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -124,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
             "starts there (or pass --workdir / --db).",
             file=sys.stderr,
         )
+    for note in notes:
+        print(note, file=sys.stderr)
     where = "with its access token" if token else "no token (local bind)"
     print(f"jaxcore ui: http://{args.host}:{args.port}/ ({where}); store {db}", flush=True)
     uvicorn.run(app, host=args.host, port=args.port, log_level="info")

@@ -21,6 +21,7 @@ import dataclasses
 import json
 import logging
 import pathlib
+import sys
 import threading
 import time
 import uuid
@@ -46,7 +47,7 @@ from inference.protocol import (
 )
 from inference.request import QueueFullError, Request, RequestError, check_text
 from inference.sampling import SamplingParams
-from jaxcore.models import TransformerConfig
+from inference.weights import config_from_json
 
 log = logging.getLogger(__name__)
 
@@ -861,29 +862,33 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args = _parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper())
-    parallel = None
-    if args.tensor > 1 or args.data > 1:
-        parallel = jc.ParallelConfig(data=args.data, tensor=args.tensor, fsdp=1)
-    engine = ServingConfig(
-        slots=args.slots,
-        max_len=args.max_len,
-        decode_steps=args.decode_steps,
-        dtype=args.dtype,
-        quantize=args.quantize,
-        parallel=parallel,
-        seed=args.seed,
-    )
-    config = None
-    if args.config:
-        config = TransformerConfig(**json.loads(pathlib.Path(args.config).read_text()))
-    llm = LLM(
-        args.model,
-        config=config,
-        engine=engine,
-        tokenizer=args.tokenizer,
-        queue_size=args.queue_size,
-        seed=args.seed,
-    )
+    try:  # a user's mistake (a path, a name, a config key) is one line, as jaxcore rlhf's
+        parallel = None
+        if args.tensor > 1 or args.data > 1:
+            parallel = jc.ParallelConfig(data=args.data, tensor=args.tensor, fsdp=1)
+        engine = ServingConfig(
+            slots=args.slots,
+            max_len=args.max_len,
+            decode_steps=args.decode_steps,
+            dtype=args.dtype,
+            quantize=args.quantize,
+            parallel=parallel,
+            seed=args.seed,
+        )
+        config = None
+        if args.config:
+            config = config_from_json(pathlib.Path(args.config))
+        llm = LLM(
+            args.model,
+            config=config,
+            engine=engine,
+            tokenizer=args.tokenizer,
+            queue_size=args.queue_size,
+            seed=args.seed,
+        )
+    except jc.ConfigError as e:
+        print(f"jaxcore serve: {e}", file=sys.stderr)
+        return 2
     log.info("compiling %d prefill buckets and the decode step", len(llm.engine.buckets))
     llm.engine.warmup()
     name = args.served_model_name or str(args.model)

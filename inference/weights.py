@@ -73,18 +73,33 @@ def load_safetensors(
     if path.is_dir():
         path = path / "model.safetensors"
     if not path.is_file():
+        spec = str(path)
+        # as jaxcore.load_tokenizer says for a tokenizer: nothing is downloaded
+        hub = (
+            " It looks like a Hugging Face Hub name: nothing is downloaded, so fetch it first "
+            f"(huggingface_hub.snapshot_download({spec!r})) and pass the folder."
+            if spec.count("/") == 1 and not spec.startswith((".", "/")) and not folder.exists()
+            else ""
+        )
         raise jc.ConfigError(
             f"model: {path} does not exist. Pass a .safetensors file written by "
-            f"inference.save_safetensors or jc.export_checkpoint, or one of the registry "
-            f"names {sorted(REGISTRY)}."
+            "inference.save_safetensors or jc.export_checkpoint, a Hugging Face "
+            f"save_pretrained folder, or one of the registry names {sorted(REGISTRY)}.{hub}"
         )
     params, info = jc.read_params(path)
+    if not info.get("model_config") and _is_hf_dir(folder):
+        # a weights file of a save_pretrained folder: its names and config are HF's
+        raise jc.ConfigError(
+            f"model: {path} is a weights file of the Hugging Face folder {folder} (its "
+            f"config.json names a model_type); pass the folder ({folder}) so its "
+            "config.json, tokenizer and generation config are read."
+        )
     if config is not None:
         return config, params
     if info.get("model_config"):
         return TransformerConfig(**info["model_config"]), params
     if (folder / "config.json").is_file():
-        return TransformerConfig(**json.loads((folder / "config.json").read_text())), params
+        return config_from_json(folder / "config.json"), params
     raise jc.ConfigError(
         f"model: {path} does not say its model config (jc.export_checkpoint files do not); "
         "pass config=TransformerConfig(...) (or --config for the server), or put a "
@@ -92,10 +107,42 @@ def load_safetensors(
     )
 
 
+def config_from_json(source: Path) -> TransformerConfig:
+    """The `TransformerConfig` of a JSON file (a ``config.json`` beside a weights file, the
+    server's ``--config``); a key that is not one of its fields is a `ConfigError` naming
+    it (not a ``TypeError``)."""
+    if not source.is_file():
+        raise jc.ConfigError(
+            f"model config: {source} does not exist; pass a JSON file of TransformerConfig fields."
+        )
+    try:
+        fields = json.loads(source.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise jc.ConfigError(f"model: {source} is not readable JSON ({e}).") from e
+    if not isinstance(fields, dict):
+        raise jc.ConfigError(
+            f"model: {source} must hold a JSON object of TransformerConfig fields."
+        )
+    allowed = [f.name for f in dataclasses.fields(TransformerConfig)]
+    unknown = sorted(set(fields) - set(allowed))
+    if unknown:
+        raise jc.ConfigError(
+            f"model: {source} has keys {unknown} that are not TransformerConfig fields; "
+            f"allowed keys: {allowed}."
+        )
+    return TransformerConfig(**fields)
+
+
 def _is_hf_dir(path: Path) -> bool:
     """A Hugging Face checkpoint folder: a config.json that names a model_type."""
     config = path / "config.json"
-    return path.is_dir() and config.is_file() and "model_type" in json.loads(config.read_text())
+    if not (path.is_dir() and config.is_file()):
+        return False
+    try:  # unreadable JSON: not HF's; config_from_json then says what is wrong with it
+        fields = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(fields, dict) and "model_type" in fields
 
 
 @dataclasses.dataclass(frozen=True)

@@ -73,7 +73,9 @@ def export_checkpoint(step_dir: str | os.PathLike, path: str | os.PathLike) -> p
     Needs no model or engine: shapes and logical axes come from the step's record, and
     only the ``params`` subtree is read (Orbax partial restore into NumPy arrays).
     """
-    step_dir = pathlib.Path(step_dir)
+    # Absolute: Orbax restores only from an absolute path (a relative one was its
+    # ValueError, e.g. from `jaxcore export --hf runs/x/100 ...` or a registry register).
+    step_dir = pathlib.Path(step_dir).absolute()
     record = json.loads((step_dir / "meta" / "metadata").read_text())
     leaves = {k: v for k, v in record["leaves"].items() if k.startswith("params/")}
     if not leaves:

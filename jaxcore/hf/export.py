@@ -51,8 +51,6 @@ def export_hf(
     dtype: str | None = None,
 ) -> pathlib.Path:
     """Write the parameters of checkpoint step ``checkpoint`` as a HF model in ``directory``."""
-    # Orbax restores only from an absolute path (a relative one raised its ValueError).
-    checkpoint = pathlib.Path(checkpoint).absolute()
     pathlib.Path(directory).parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=pathlib.Path(directory).parent) as tmp:
         flat = export_checkpoint(checkpoint, pathlib.Path(tmp) / "params.safetensors")

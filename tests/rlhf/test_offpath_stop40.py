@@ -89,6 +89,14 @@ def test_a_reward_model_from_a_hf_checkpoint_exports_as_sequence_classification(
         reward._score(reward.state, {"tokens": ids.astype(np.int32), "lengths": lengths})["score"]
     )
     assert np.ptp(ours) > 1e-3  # distinct sequences, distinct scores
+
+    # stop 42: relative paths, as a user types them from the run's folder (it stopped in
+    # Orbax's "Checkpoint path should be absolute")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(out.parent)
+        rel = export_reward_model(out.name, "rm_relative", pad_token_id=0)
+    relative = out.parent / "rm_relative"
+    assert json.loads((relative / "config.json").read_text()) == config, rel
     for side in ("right", "left"):
         ids, mask = _padded(seqs, side)
         with torch.no_grad():

@@ -36,6 +36,7 @@ import jax
 
 from jaxcore.errors import ConfigError, JaxcoreError
 from jaxcore.lifeline import watch_lifeline
+from jaxcore.runtime import port_unavailable
 
 log = logging.getLogger(__name__)
 
@@ -336,6 +337,19 @@ def initialize(
         settings.process_id if settings.process_id is not None else "?",
         settings.num_processes or "?",
     )
+    if settings.process_id == 0 and settings.coordinator_address:
+        # Process 0 starts the coordinator service. On a taken port, gRPC either raises a
+        # bare "Failed to start RPC server" or crashes the process (SIGSEGV, seen with
+        # jaxlib 0.6): check the port first and say what is wrong.
+        port = settings.coordinator_address.rpartition(":")[2]
+        why = port_unavailable(int(port)) if port.isdigit() else None
+        if why:
+            raise ConfigError(
+                f"jaxcore.initialize: process 0 cannot start the coordinator at "
+                f"{settings.coordinator_address} ({settings.source}): {why}; another program "
+                "or run holds the port. Stop it, or choose another port (`jaxcore launch` "
+                "picks a free one when --port is left out)."
+            )
     start = time.monotonic()
     if settings.process_id not in (None, 0) and settings.coordinator_address:
         wait_for_coordinator(

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import numbers
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,7 +27,7 @@ from jaxcore import nonfinite, remat
 from jaxcore import sharding as shd
 from jaxcore.adapters import ModelAdapter
 from jaxcore.batch_checks import BatchChecker
-from jaxcore.errors import BatchError, ConfigError
+from jaxcore.errors import BatchError, ConfigError, check_keywords
 from jaxcore.mesh import ParallelConfig, build_mesh
 from jaxcore.pipeline import SCHEDULES, PipelineConfig
 from jaxcore.plan import Trainable, TrainPlan, batch_contract, make_plan
@@ -100,12 +101,18 @@ class EngineConfig:
     check_batches: bool = True
     token_keys: tuple[str, ...] = ("tokens", "input_ids", "labels")
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> EngineConfig:
+        # A mistyped keyword is a ConfigError naming the setting meant, not a TypeError.
+        _check_fields(kwargs, "EngineConfig")
+        return super().__new__(cls)
+
     def __post_init__(self) -> None:
         if not isinstance(self.parallel, ParallelConfig):
             raise ConfigError(
                 f"parallel={self.parallel!r}: pass a jaxcore.ParallelConfig, "
                 "e.g. ParallelConfig(fsdp=-1, tensor=2)."
             )
+        _check_types(self)
         if self.zero not in shd.ZERO_STAGES:
             raise ConfigError(f"zero={self.zero!r}: the ZeRO stage must be one of 0, 1, 2, 3.")
         get_policy(self.precision)
@@ -148,6 +155,50 @@ class EngineConfig:
         )
 
 
+def _is_int(x: Any) -> bool:
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool)
+
+
+def _check_types(c: EngineConfig) -> None:
+    """Raise `ConfigError` for a field of the wrong type (a string from a config file, a
+    float count), before it surfaces as a bare TypeError or, for ``token_keys="tokens"``,
+    silently turns the token checks off."""
+    keys = c.token_keys
+    if isinstance(keys, str) or not all(isinstance(k, str) for k in keys):
+        raise ConfigError(
+            f"token_keys={keys!r}: pass a tuple of batch keys, e.g. token_keys=('tokens',)."
+        )
+    for name in ("microbatches", "pipeline_repeats"):
+        value = getattr(c, name)
+        if value is not None and not _is_int(value):
+            raise ConfigError(f"{name}={value!r}: must be an integer >= 1 (or None).")
+    if not _is_int(c.seed):
+        raise ConfigError(f"seed={c.seed!r}: must be an integer.")
+    clip = c.clip_grad_norm
+    if clip is not None and (not isinstance(clip, numbers.Real) or isinstance(clip, bool)):
+        raise ConfigError(
+            f"clip_grad_norm={clip!r}: must be a positive number, or None to disable."
+        )
+    if not isinstance(c.unroll_layers, bool | None):
+        raise ConfigError(f"unroll_layers={c.unroll_layers!r}: use True, False or None.")
+    if not isinstance(c.check_batches, bool):
+        raise ConfigError(f"check_batches={c.check_batches!r}: use True or False.")
+
+
+def _check_fields(fields: dict[str, Any], what: str = "Engine") -> None:
+    """Raise `ConfigError` for a keyword that is no `EngineConfig` field, naming the one
+    meant (a close spelling, or a mesh axis that belongs in `ParallelConfig`)."""
+    hints = {
+        axis: (
+            f"mesh axes go in parallel=jc.ParallelConfig({axis}={fields[axis]!r}), "
+            "e.g. jc.Engine(parallel=jc.ParallelConfig(fsdp=-1, tensor=2))."
+        )
+        for axis in ("data", "fsdp", "tensor", "pipeline")
+        if axis in fields
+    }
+    check_keywords(what, [f.name for f in dataclasses.fields(EngineConfig)], fields, hints)
+
+
 class Engine:
     """A mesh plus a run config: plans models onto the devices.
 
@@ -165,6 +216,7 @@ class Engine:
         devices: Sequence[jax.Device] | None = None,
         **fields: Any,
     ):
+        _check_fields(fields)
         if config is None:
             config = EngineConfig(**fields)
         elif fields:

@@ -30,3 +30,22 @@ class TrainingDivergedError(JaxcoreError, RuntimeError):
         super().__init__(message)
         self.step = step
         self.state = state
+
+
+def check_keywords(
+    what: str, known: list[str], given: dict, hints: dict[str, str] | None = None
+) -> None:
+    """Raise `ConfigError` for a keyword of ``given`` that is not in ``known``, naming the
+    setting meant (``hints[name]``, else a close spelling, else every setting)."""
+    import difflib
+
+    for name in given:
+        if name in known:
+            continue
+        if hints and name in hints:
+            hint = hints[name]
+        elif close := difflib.get_close_matches(name, known, n=1):
+            hint = f"did you mean {close[0]!r}?"
+        else:
+            hint = f"the settings are {', '.join(known)}."
+        raise ConfigError(f"{what}: {name!r} is not a setting of jaxcore.{what}; {hint}")

@@ -32,6 +32,7 @@ import dataclasses
 import logging
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -46,6 +47,7 @@ from jaxcore.lifeline import ENV_LIFELINE, Lifeline
 from jaxcore.runtime import (
     MALLOC_TUNABLES,
     PREEMPTION_EXIT_CODE,
+    port_unavailable,
     with_cpu_devices,
     with_malloc_tuning,
 )
@@ -109,6 +111,37 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
+
+
+NVIDIA_DRIVER_PATHS = ("/proc/driver/nvidia", "/dev/nvidiactl")
+
+
+def _nvidia_driver_present() -> bool:
+    """Whether this machine has an NVIDIA driver (its /proc entry, its control device or
+    nvidia-smi); the GPUs themselves are JAX's to count, in each rank."""
+    return any(os.path.exists(p) for p in NVIDIA_DRIVER_PATHS) or bool(shutil.which("nvidia-smi"))
+
+
+def check_platform(platform: str) -> None:
+    """Refuse ``platform="gpu"`` on a machine without an NVIDIA driver: JAX would fall
+    back to CPU with one warning line per rank, and the run would train on one CPU device
+    per process and exit 0 as if on GPUs."""
+    if platform == "gpu" and not _nvidia_driver_present():
+        raise ConfigError(
+            "platform 'gpu': this machine shows no NVIDIA GPU (no driver: none of "
+            f"{', '.join(NVIDIA_DRIVER_PATHS)}, no nvidia-smi). Run where the GPUs are, or "
+            "use platform 'cpu' (the default; --platform cpu) for CPU devices."
+        )
+
+
+def _check_port(host: str, port: int) -> None:
+    """Refuse a ``--port`` that is taken before any rank starts: rank 0 would otherwise
+    die in ``jax.distributed.initialize`` with gRPC's bare "Failed to start RPC server"."""
+    if why := port_unavailable(port):
+        raise ConfigError(
+            f"--port {port}: the coordinator cannot listen on {host}:{port}: {why}; another "
+            "run or program may hold it. Pick another --port, or leave it out for a free one."
+        )
 
 
 def process_env(
@@ -340,6 +373,9 @@ def launch(
         raise ConfigError(f"num_processes={num_processes}: must be >= 1.")
     if devices_per_process is not None and devices_per_process < 1:
         raise ConfigError(f"devices_per_process={devices_per_process}: must be >= 1.")
+    if port is not None:
+        _check_port(host, port)
+    check_platform(platform)
     coordinator = f"{host}:{port or free_port(host)}"
     envs = rank_envs(
         num_processes,

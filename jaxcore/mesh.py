@@ -30,7 +30,7 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import AxisType, Mesh
 
-from jaxcore.errors import ConfigError
+from jaxcore.errors import ConfigError, check_keywords
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +55,11 @@ class ParallelConfig:
     fsdp: int = -1
     tensor: int = 1
     pipeline: int = 1
+
+    def __new__(cls, *args: object, **kwargs: object) -> ParallelConfig:
+        # A mistyped axis is a ConfigError naming the one meant, not a TypeError.
+        check_keywords("ParallelConfig", [f.name for f in dataclasses.fields(cls)], kwargs)
+        return super().__new__(cls)
 
     def __post_init__(self) -> None:
         sizes = self.sizes()

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
 from jaxcore.errors import ConfigError
-from jaxcore.launch import LaunchError, free_port, rank_envs, run_group
+from jaxcore.launch import LaunchError, check_platform, free_port, rank_envs, run_group
 
 log = logging.getLogger(__name__)
 
@@ -70,6 +70,7 @@ def notebook_launcher(
         # A forked process would inherit the kernel's `sys.path` (a folder the notebook
         # appended, e.g. on Google Drive); a spawned one must be told it.
         (work / "sys_path.json").write_text(json.dumps([p for p in sys.path if p]))
+        check_platform(platform)
         coordinator = f"127.0.0.1:{free_port()}"
         envs = rank_envs(
             num_processes,

@@ -502,6 +502,10 @@ class TraceWindow:
         process at a time).
         """
         self._last_step = step
+        if self.active and step > self.stop_after:
+            # A loop that never calls `after` (the window's last step is over): stop here,
+            # not at exit with every later step in the trace.
+            self._stop()
         if not self.active and not self.done:
             if self.start <= step <= self.stop_after:
                 self._open(step)
@@ -515,7 +519,10 @@ class TraceWindow:
             raise
 
     def after(self, step: int, outputs: Any = None) -> None:
-        """Call after the step: stops the trace (waiting for ``outputs``) at its last step."""
+        """Call after the step: stops the trace (waiting for ``outputs``) at its last step.
+
+        Without it the trace stops when the step after the window starts (its last
+        step's device work may then be cut short)."""
         if self.active and step >= self.stop_after:
             jax.block_until_ready(outputs)
             self._stop()

@@ -8,11 +8,19 @@
 
 Every process may call it (the loop stays identical on all hosts); the others draw
 nothing, so a pod's logs are not flooded with N copies of the same bar.
+
+When the output is not a terminal (a log file, a pipe, the ranks of ``jaxcore launch``,
+the processes of ``notebook_launcher``, even with ``FORCE_COLOR``) a live bar cannot
+redraw: rich would print its last frame once, at the end, cut to 80 columns, which dropped
+the step count and the times (or, forced, a new line per redraw). There it writes plain,
+whole lines instead: the first update, then one every ``log_every_s`` seconds, and the
+last step at close (as tqdm's ``mininterval`` and Keras' ``verbose=2`` do for logs).
 """
 
 from __future__ import annotations
 
-from typing import Any
+import time
+from typing import Any, TextIO
 
 import jax
 import numpy as np
@@ -51,6 +59,16 @@ def format_info(
     return " | ".join(parts)
 
 
+def _redraws(console: Console) -> bool:
+    """Whether a live bar can redraw on ``console``: a terminal, really. Jupyter kernels
+    set ``FORCE_COLOR=1``, which makes rich treat the pipes of `notebook_launcher`'s
+    processes as terminals: every redraw became a new line in the cell."""
+    try:
+        return console.is_terminal and console.file.isatty()
+    except (AttributeError, ValueError):  # a file without isatty, or a closed one
+        return False
+
+
 class TrainProgress:
     """Step counter with loss, tokens/s, MFU and memory; a no-op off process 0."""
 
@@ -61,12 +79,23 @@ class TrainProgress:
         description: str = "train",
         enabled: bool | None = None,
         console: Console | None = None,
+        log_every_s: float = 30.0,
     ):
         self.enabled = jax.process_index() == 0 if enabled is None else enabled
         self.total_steps = total_steps
+        self.description = description
+        self.log_every_s = log_every_s
         self.info = ""
         self._progress: Progress | None = None
-        if self.enabled:
+        self._lines: TextIO | None = None  # plain lines when the output cannot redraw
+        self._start = time.monotonic()
+        self._logged_at: float | None = None
+        self._step: int | None = None
+        self._logged_step: int | None = None
+        console = console or Console()
+        if self.enabled and not (console.is_jupyter or _redraws(console)):
+            self._lines = console.file
+        elif self.enabled:
             self._progress = Progress(
                 TextColumn("[bold]{task.description}"),
                 BarColumn(),
@@ -82,7 +111,22 @@ class TrainProgress:
     def __enter__(self) -> TrainProgress:
         if self._progress is not None:
             self._progress.start()
+        self._start = time.monotonic()
         return self
+
+    def _line(self) -> None:
+        total = f"/{self.total_steps}" if self.total_steps is not None else ""
+        elapsed = int(time.monotonic() - self._start)
+        h, rest = divmod(elapsed, 3600)
+        parts = [
+            f"{self.description} {self._step}{total}",
+            self.info,
+            f"{h}:{rest // 60:02d}:{rest % 60:02d}",
+        ]
+        assert self._lines is not None
+        self._lines.write(" | ".join(p for p in parts if p) + "\n")
+        self._lines.flush()
+        self._logged_at, self._logged_step = time.monotonic(), self._step
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
@@ -96,12 +140,20 @@ class TrainProgress:
         memory: MemoryReport | None = None,
     ) -> None:
         """Show ``step`` steps done, with whatever metrics are given."""
-        if self._progress is None:
+        if not self.enabled:
             return
         if loss is not None or stats is not None or memory is not None:
             self.info = format_info(loss=loss, stats=stats, memory=memory)
-        self._progress.update(self._task, completed=step, info=self.info)
+        self._step = step
+        if self._lines is not None:
+            now = time.monotonic()
+            if self._logged_at is None or now - self._logged_at >= self.log_every_s:
+                self._line()
+        elif self._progress is not None:
+            self._progress.update(self._task, completed=step, info=self.info)
 
     def close(self) -> None:
         if self._progress is not None:
             self._progress.stop()
+        if self._lines is not None and self._step is not None and self._step != self._logged_step:
+            self._line()

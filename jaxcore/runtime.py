@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import socket
 import sys
 from collections.abc import Mapping, MutableMapping
 
@@ -76,3 +77,18 @@ def ensure_malloc_tuning(environ: Mapping[str, str] | None = None) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, argv, env)
+
+
+def port_unavailable(port: int) -> str | None:
+    """Why a coordinator could not listen on ``port`` here (``None``: it can).
+
+    Binds every interface, as JAX's service listens on ``[::]:port``; ``SO_REUSEADDR``
+    as gRPC sets it, so a port in TIME_WAIT from an earlier run counts as free.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("", port))
+        except OSError as e:
+            return f"port {port} is in use ({e.strerror})"
+    return None

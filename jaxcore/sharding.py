@@ -286,7 +286,19 @@ def local_rows(sharding: Sharding | None, global_batch: int, width: int = 1) -> 
     """
     if sharding is None:
         return 0, global_batch
-    index_map = sharding.addressable_devices_indices_map((global_batch, width))
+    try:
+        index_map = sharding.addressable_devices_indices_map((global_batch, width))
+    except ValueError as e:  # JAX's IndivisibleError (e.g. jc.Loader's global_batch_size)
+        spec = getattr(sharding, "spec", None)
+        if spec is None or not len(spec):
+            raise ConfigError(f"a global batch of {global_batch} rows: {e}") from None
+        ways = 1
+        for a in _as_tuple(spec[0]):
+            ways *= sharding.mesh.shape[a]
+        raise ConfigError(
+            f"a global batch of {global_batch} rows does not divide over the {ways} shards "
+            f"the batch sharding cuts it into (mesh axes {spec[0]}); use a multiple of {ways}."
+        ) from None
     spans = sorted(
         {
             (s[0].start or 0, global_batch if s[0].stop is None else s[0].stop)

@@ -11,6 +11,7 @@ divergence check.
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 import weakref
 from collections.abc import Callable
@@ -22,7 +23,7 @@ import optax
 from jax.sharding import NamedSharding, PartitionSpec
 
 from jaxcore import remat, trace_context
-from jaxcore.batch_checks import check_loss_output
+from jaxcore.batch_checks import BatchChecker, check_loss_output
 from jaxcore.errors import StateError
 from jaxcore.nonfinite import DivergenceMonitor, keep_if
 from jaxcore.state import TrainState
@@ -286,6 +287,11 @@ class EvalStep:
             compiler_options=compiler_options(plan.platform),
         )
         self._checker = plan.checker
+        if plan.pipeline is None and plan.checker.contract.per_shard != 1:
+            # The eval step runs a batch in one piece: only the pipeline schedule (which
+            # cuts eval batches into its microbatches too) needs more than a row per shard.
+            contract = dataclasses.replace(plan.checker.contract, per_shard=1)
+            self._checker = BatchChecker(contract)
 
     def __call__(self, state: TrainState, batch: Any) -> dict:
         check_live(state, "eval step")

@@ -76,6 +76,8 @@ def export_checkpoint(step_dir: str | os.PathLike, path: str | os.PathLike) -> p
     # Absolute: Orbax restores only from an absolute path (a relative one was its
     # ValueError, e.g. from `jaxcore export --hf runs/x/100 ...` or a registry register).
     step_dir = pathlib.Path(step_dir).absolute()
+    if not (step_dir / "meta" / "metadata").is_file():
+        raise ConfigError(_not_a_step(step_dir))
     record = json.loads((step_dir / "meta" / "metadata").read_text())
     leaves = {k: v for k, v in record["leaves"].items() if k.startswith("params/")}
     if not leaves:
@@ -104,6 +106,36 @@ def export_checkpoint(step_dir: str | os.PathLike, path: str | os.PathLike) -> p
         )
     axes = {k.removeprefix("params/"): v for k, v in (record.get("logical_axes") or {}).items()}
     return save_params(out["params"], path, logical_axes=axes, step=record.get("step"))
+
+
+def _steps(directory: pathlib.Path) -> list[int]:
+    """The finalized steps (``<directory>/<int>/``) of a checkpoint directory."""
+    try:
+        return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit() and p.is_dir())
+    except OSError:
+        return []
+
+
+def _not_a_step(step_dir: pathlib.Path) -> str:
+    """Why ``step_dir`` cannot be exported, and which paths can (a run directory given
+    instead of one of its steps, a step that retention removed, a typo)."""
+    if steps := _steps(step_dir):
+        return (
+            f"{step_dir} is a checkpoint directory, not one of its steps: pass a step, "
+            f"e.g. {step_dir / str(steps[-1])} (its steps: {steps})."
+        )
+    parent = step_dir.parent
+    if not step_dir.exists():
+        if steps := _steps(parent):
+            return (
+                f"{step_dir} does not exist (deleted by keep_last/keep_best, or a typo); "
+                f"the steps in {parent} are {steps}: pass one, e.g. {parent / str(steps[-1])}."
+            )
+        return f"{step_dir} does not exist; pass a checkpoint step directory (<directory>/<step>)."
+    return (
+        f"{step_dir} is not a finalized jaxcore checkpoint step (it has no meta/metadata); "
+        "pass a <directory>/<step> folder that a Checkpointer wrote."
+    )
 
 
 def read_info(path: str | os.PathLike) -> dict[str, Any]:

@@ -101,7 +101,33 @@ def run_dir_lock(run_dir: pathlib.Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
+def check_batch_fits(config: RunConfig) -> None:
+    """Raise `ConfigError` unless ``train.batch`` splits over this run's devices (FSDP over
+    every device, each shard cut into ``train.grad_accum`` microbatches): before any phase
+    runs, rather than in XLA's sharding check once the data phase is done."""
+    import jax
+    import numpy as np
+
+    from jaxcore.errors import BatchError
+    from jaxcore.run import trial
+    from jaxcore.sharding import batch_ways
+
+    tr = config.train
+    engine = trial.build_engine(ph.run_hparams(config, config.tokenizer.vocab_size))
+    tokens = np.broadcast_to(np.int32(0), (tr.batch, config.model.seq_len + 1))  # no copy
+    try:
+        engine.check_batch({"tokens": tokens})
+    except BatchError:
+        need = batch_ways(engine.mesh, engine.rules) * tr.grad_accum
+        raise ConfigError(
+            f"train.batch={tr.batch} does not split over this run's {jax.device_count()} "
+            f"devices x train.grad_accum={tr.grad_accum}: use a multiple of {need}, e.g. "
+            f"--set train.batch={max(need, tr.batch // need * need)}."
+        ) from None
+
+
 def _lead(config: RunConfig, console: Console, hosts: Solo | Hosts) -> RunResult:
+    check_batch_fits(config)
     with run_dir_lock(config.path):
         return _run_phases(config, console, hosts)
 
@@ -166,6 +192,7 @@ def dry_run(config: RunConfig, *, console: Console | None = None) -> dict[str, A
     from jaxcore.run import trial
 
     console = console or Console()
+    check_batch_fits(config)
     run_dir = config.path
     sources = ph.package_sources(config.data.packages) + [dict(s) for s in config.data.sources]
     key = ph.input_hash(sources, config)

@@ -11,7 +11,6 @@ steps the scheduler itself, so nothing runs in the background unless `start()` i
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import threading
 import warnings
 from typing import Any
@@ -23,7 +22,7 @@ from inference.batching import Scheduler
 from inference.config import ServingConfig
 from inference.engine import SlotEngine
 from inference.request import Request, RequestError, check_text
-from inference.sampling import SamplingParams
+from inference.sampling import SamplingParams, unknown_field_message
 from inference.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
 from inference.weights import REGISTRY, resolve_model
 from jaxcore.models import TransformerConfig
@@ -171,7 +170,7 @@ class LLM:
         known = {f.name for f in dataclasses.fields(SamplingParams)}
         for name in fields:
             if name not in known:
-                raise jc.ConfigError(_unknown_field(name, fields[name], sorted(known)))
+                raise jc.ConfigError(unknown_field_message("LLM.generate", name, fields[name]))
         return dataclasses.replace(sampling, **fields) if fields else sampling
 
     def _params_each(
@@ -316,25 +315,6 @@ def _prompts(prompt: Any, what: str) -> tuple[list[str | list[int]], bool]:
         f"{what}: the prompt must be a str, a list of token ids (ints), or a list of str / "
         f"token-id lists (vLLM's {{'prompt_token_ids': ids}} works too); got {got}."
         + (" Decode bytes to str first." if "bytes" in got else "")
-    )
-
-
-def _unknown_field(name: str, value: Any, known: list[str]) -> str:
-    """The error for a keyword that is no `SamplingParams` field (it was Python's
-    TypeError from ``dataclasses.replace``, naming neither the fields nor a way out)."""
-    if name in ("n", "best_of"):  # vLLM's SamplingParams has them; one Completion here
-        return (
-            f"LLM.generate: {name!r}={value!r} is not supported (one Completion per prompt); "
-            f"for {value!r} samples pass the prompt {value!r} times with temperature > 0 and "
-            "seed=None, or with a list of SamplingParams, one per prompt, seeded seed, "
-            "seed + 1, ... (one seed draws the same tokens every time). The server's "
-            "/v1/completions takes n and best_of."
-        )
-    close = difflib.get_close_matches(name, known, n=1)
-    hint = f"did you mean {close[0]!r}? " if close else ""
-    return (
-        f"LLM.generate: {name!r} is not a sampling field; {hint}SamplingParams takes "
-        f"{', '.join(known)}."
     )
 
 

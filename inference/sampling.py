@@ -9,6 +9,8 @@ gives the same text whether it runs alone or batched with others.
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import functools
 import math
 import numbers
 from collections.abc import Mapping
@@ -133,6 +135,44 @@ class SamplingParams:
             object.__setattr__(self, "stop", (self.stop,))
         if any(not s for s in self.stop):
             raise jc.ConfigError("SamplingParams.stop: stop strings must be non-empty.")
+
+
+def unknown_field_message(where: str, name: str, value: Any) -> str:
+    """The error for a keyword that is no `SamplingParams` field. It was Python's
+    TypeError, naming neither the fields nor a way out; vLLM's ``n`` and ``best_of`` get
+    the way to draw several samples here."""
+    if name in ("n", "best_of"):  # vLLM's SamplingParams has them; one Completion here
+        return (
+            f"{where}: {name!r}={value!r} is not supported (one Completion per prompt); "
+            f"for {value!r} samples pass the prompt {value!r} times with temperature > 0 and "
+            "seed=None, or with a list of SamplingParams, one per prompt, seeded seed, "
+            "seed + 1, ... (one seed draws the same tokens every time). The server's "
+            "/v1/completions takes n and best_of."
+        )
+    known = sorted(f.name for f in dataclasses.fields(SamplingParams))
+    close = difflib.get_close_matches(name, known, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return (
+        f"{where}: {name!r} is not a sampling field; {hint}SamplingParams takes {', '.join(known)}."
+    )
+
+
+def _checked_init(init: Any) -> Any:
+    """The dataclass ``__init__``, refusing an unknown keyword with `unknown_field_message`
+    (``SamplingParams(n=2)`` copied from vLLM was a bare TypeError)."""
+
+    @functools.wraps(init)
+    def __init__(self: SamplingParams, *args: Any, **kwargs: Any) -> None:
+        known = {f.name for f in dataclasses.fields(SamplingParams)}
+        for name, value in kwargs.items():
+            if name not in known:
+                raise jc.ConfigError(unknown_field_message("SamplingParams", name, value))
+        init(self, *args, **kwargs)
+
+    return __init__
+
+
+SamplingParams.__init__ = _checked_init(SamplingParams.__init__)  # type: ignore[method-assign]
 
 
 # OpenAI's range for a ``logit_bias`` value.

@@ -55,7 +55,7 @@ from jaxcore.checkpointing import positions
 from jaxcore.checkpointing import record as rec
 from jaxcore.checkpointing.atomic import manifested_rename
 from jaxcore.checkpointing.manifest import VERIFY_MODES, Damage, has_manifest
-from jaxcore.checkpointing.preemption import PreemptionWatch
+from jaxcore.checkpointing.preemption import PreemptionWatch, sigint_deferred
 from jaxcore.checkpointing.storage import failed_step, storage_failure
 from jaxcore.checkpointing.verification import Unreadable, agree_on_damage
 from jaxcore.checkpointing.writer_lock import BusyDirectory, WriterLock
@@ -212,6 +212,15 @@ class Checkpointer:
         check_loader(loader, "Checkpointer(loader=...)")
         self.config = config
         self.directory = pathlib.Path(os.fspath(config.directory)).absolute()
+        # A file where the folder (or one above it) should be was a bare NotADirectoryError
+        # at the first save, after the first steps had run.
+        there = next((p for p in (self.directory, *self.directory.parents) if p.exists()), None)
+        if there is not None and not there.is_dir():
+            raise ConfigError(
+                f"CheckpointConfig.directory={os.fspath(config.directory)!r}: {there} is a "
+                "file, not a folder. Pass a folder for the checkpoints (it is created if "
+                "missing), or move the file."
+            )
         self.run_config = run_config
         self.plan: TrainPlan | None = plan
         self.engine: Any = engine
@@ -327,7 +336,8 @@ class Checkpointer:
             if step in self._mgr.all_steps():
                 log.info("step %d is already saved in %s", step, self.directory)
             else:
-                saved = self._save(step, state, loader, metrics)
+                with sigint_deferred():  # Ctrl-C mid-save: the step completes first
+                    saved = self._save(step, state, loader, metrics)
         if preempted:
             self.close()
             msg = (

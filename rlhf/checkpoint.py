@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import jax
 
 from jaxcore import CheckpointConfig, Checkpointer, ConfigError, Engine
+from jaxcore.checkpointing.preemption import sigint_deferred
 from rlhf.faults import fault_point
 
 
@@ -37,12 +38,15 @@ def _host_file(directory: pathlib.Path, step: int) -> pathlib.Path:
     return directory / f"trainer-{step}.json"
 
 
-def role_checkpointer(directory: pathlib.Path) -> Checkpointer:
+def role_checkpointer(directory: pathlib.Path, engine: Engine | None = None) -> Checkpointer:
     """A synchronous `Checkpointer` that leaves SIGTERM alone: the run's own handler
     (``jaxcore rlhf``'s or a trial's) decides when to stop. One of its own would replace
-    that handler while it is open and swallow a SIGTERM that arrives during a save."""
+    that handler while it is open and swallow a SIGTERM that arrives during a save.
+    ``engine``: the role's, whose plan each saved step records (without it every save
+    warned that the checkpoint has no plan)."""
     return Checkpointer(
-        CheckpointConfig(directory=directory, async_save=False, save_on_sigterm=False)
+        CheckpointConfig(directory=directory, async_save=False, save_on_sigterm=False),
+        engine=engine,
     )
 
 
@@ -50,14 +54,20 @@ def save_trainer(
     trainer: Any, directory: str | pathlib.Path, *, exclude: Iterable[str] = ()
 ) -> int:
     """Save all roles of ``trainer`` (a `PPOTrainer` or `GRPOTrainer`) at its iteration,
-    but those in ``exclude`` (saved elsewhere by the caller, before it relies on them)."""
-    directory = pathlib.Path(directory)
+    but those in ``exclude`` (saved elsewhere by the caller, before it relies on them).
+    Ctrl-C during the save takes effect once it is complete (`sigint_deferred`)."""
+    with sigint_deferred():
+        return _save_trainer(trainer, pathlib.Path(directory), set(exclude))
+
+
+def _save_trainer(trainer: Any, directory: pathlib.Path, skip: set[str]) -> int:
     step = trainer.iteration
-    skip = set(exclude)
+    # A trainer of the user's own need not say its engines (its steps then record no plan).
+    engines = getattr(trainer, "role_engines", dict)()
     for name, state in trainer.roles().items():
         if name in skip:
             continue
-        with role_checkpointer(directory / name) as ckpt:
+        with role_checkpointer(directory / name, engines.get(name)) as ckpt:
             ckpt.save(state, force=True, step=step)
     fault_point(step, "saving")
     host = {

@@ -452,35 +452,50 @@ def _pair_arrays(records: list[dict], stage: str) -> dict[str, np.ndarray]:
 def _save_state(
     engine: Any, cfg: RunConfig, directory: pathlib.Path, state: Any, step: int
 ) -> None:
-    """``state`` as step ``step`` in ``directory``, recording the stage and model shape."""
+    """``state`` as step ``step`` in ``directory``, recording the stage and model shape
+    (Ctrl-C during the save takes effect once it is complete)."""
     import jaxcore as jc
+    from jaxcore.checkpointing.preemption import sigint_deferred
     from rlhf.rewards import stage_record
 
-    with jc.Checkpointer(
-        # SIGTERM stays with the run's own handler (`sigterm_stop`): see role_checkpointer.
-        jc.CheckpointConfig(directory=directory, async_save=False, save_on_sigterm=False),
-        engine=engine,
-        # what reward.model: checks (an HF-started reward model has no head bias)
-        run_config=stage_record(
-            cfg.stage, cfg.model, head_bias=not (cfg.stage == "reward" and cfg.model_hf)
-        ),
-    ) as ckpt:
+    with (
+        sigint_deferred(),
+        jc.Checkpointer(
+            # SIGTERM stays with the run's own handler (`sigterm_stop`): see role_checkpointer.
+            jc.CheckpointConfig(directory=directory, async_save=False, save_on_sigterm=False),
+            engine=engine,
+            # what reward.model: checks (an HF-started reward model has no head bias)
+            run_config=stage_record(
+                cfg.stage, cfg.model, head_bias=not (cfg.stage == "reward" and cfg.model_hf)
+            ),
+        ) as ckpt,
+    ):
         fault_point(step, "saving")
         ckpt.save(state, force=True, step=step)
 
 
-def _resume_state(engine: Any, directory: pathlib.Path, state: Any) -> tuple[Any, int]:
-    """The newest preemption checkpoint in ``directory`` and its step, else ``(state, 0)``."""
+def _resume_state(
+    engine: Any, directories: tuple[pathlib.Path, ...], state: Any
+) -> tuple[Any, int]:
+    """The newest step saved in any of ``directories`` (a preemption checkpoint, or the
+    final one of a finished run) restored, and that step; else ``(state, 0)``."""
     import jaxcore as jc
     from rlhf.checkpoint import abstract_like
 
-    if not directory.is_dir():
+    newest: tuple[int, pathlib.Path] | None = None
+    for directory in directories:
+        if not directory.is_dir():
+            continue
+        config = jc.CheckpointConfig(directory=directory, async_save=False, save_on_sigterm=False)
+        with jc.Checkpointer(config, engine=engine) as ckpt:
+            step = ckpt.latest_step()
+        if step is not None and (newest is None or step > newest[0]):
+            newest = (step, directory)
+    if newest is None:
         return state, 0
+    step, directory = newest
     config = jc.CheckpointConfig(directory=directory, async_save=False, save_on_sigterm=False)
     with jc.Checkpointer(config, engine=engine) as ckpt:
-        step = ckpt.latest_step()
-        if step is None:
-            return state, 0
         return ckpt.restore(step, abstract_like(state)), step
 
 
@@ -543,7 +558,16 @@ def run_supervised(
         del reference
     step, evaluate = engine.train_step(loss_fn), engine.eval_step(loss_fn)
     out = pathlib.Path(t.out)
-    state, start = _resume_state(engine, out / RESUME_DIR, state)  # after DPO's reference
+    # After DPO's reference. The final checkpoint counts too: a rerun of a finished run used
+    # to train it all again from step 0, and --steps N (more) did not go on from it.
+    state, start = _resume_state(engine, (out / RESUME_DIR, out / "checkpoints"), state)
+    if start > t.steps:
+        raise ConfigError(
+            f"train.out {out} holds a run trained for {start} steps, more than "
+            f"train.steps={t.steps}; pass --steps {start} or more, or another --out."
+        )
+    if start == t.steps:
+        return {}  # finished: nothing to train, nothing new to evaluate
     if stop_requested(start):  # SIGTERM while building or restoring: nothing new to save
         raise Preempted(start)
     _record_settings(cfg, out)
@@ -629,11 +653,13 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     from jaxcore import Preempted
 
+    out = "train.out"  # until the config is read
     try:
         cfg = load_config(args.stage, args.config)
         overrides = {k: v for k, v in (("out", args.out), ("steps", args.steps)) if v is not None}
         if overrides:
             cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, **overrides))
+        out = cfg.train.out
         check_out(cfg)
         join_processes(cfg.stage)
         with sigterm_stop() as stop:
@@ -643,6 +669,13 @@ def main(argv: list[str] | None = None) -> int:
                 final = run_supervised(cfg, stop_requested=stop)
     except JaxcoreError as e:
         return _fail(2, f"jaxcore rlhf {args.stage}: {e}")
+    except KeyboardInterrupt:  # Ctrl-C: one line (a traceback said nothing of resuming)
+        return _fail(
+            130,
+            f"jaxcore rlhf {args.stage}: interrupted (Ctrl-C); run the same command again to "
+            f"resume from the last checkpoint in {out} (every "
+            f"train.checkpoint_every steps; SIGTERM saves the current step before it stops).",
+        )
     except Preempted as e:  # SIGTERM: the step's checkpoint is saved
         print(
             f"jaxcore rlhf {args.stage}: SIGTERM: stopped after {e.step} of "
@@ -661,6 +694,13 @@ def main(argv: list[str] | None = None) -> int:
         return _fail(
             1, f"jaxcore rlhf {args.stage}: process {jax.process_index()} failed (traceback above)"
         )
+    if not final:  # a rerun of a finished run trains nothing (PPO/GRPO printed "done, {}")
+        print(
+            f"jaxcore rlhf {args.stage}: nothing to do: {cfg.train.out} already holds all "
+            f"{cfg.train.steps} steps; pass --steps N (more) to train on, or another --out "
+            "for a new run."
+        )
+        return 0
     summary = {k: round(v, 4) for k, v in final.items()}
     print(f"jaxcore rlhf {args.stage}: done, {summary}; metrics in {cfg.train.out}/metrics.jsonl")
     return 0

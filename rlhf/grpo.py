@@ -113,6 +113,10 @@ class GRPOTrainer:
             {"reference": self.reference} if self.reference is not None else {}
         )
 
+    def role_engines(self) -> dict[str, Engine]:
+        """The engine of each role (one for all): its plan goes into the checkpoints."""
+        return {"actor": self.engine, "reference": self.engine}
+
     def set_roles(self, roles: dict[str, TrainState]) -> None:
         self.state, self.reference = roles["actor"], roles.get("reference")
         self.sampler.load(self.engine.bind(self.state))

@@ -145,6 +145,7 @@ class PPOTrainer:
         reference_engine: Engine | None = None,
     ):
         (self.actor_engine, self.actor), (self.critic_engine, self.critic) = actor, critic
+        self.reference_engine = reference_engine or self.actor_engine
         self.sampler, self.config = sampler, config
         self.rewards = as_weighted(rewards)
         self.shared_base = lora.has_adapters(self.actor.params)
@@ -192,6 +193,14 @@ class PPOTrainer:
         if self.reference is not None:
             roles["reference"] = onload(self.reference)
         return roles
+
+    def role_engines(self) -> dict[str, Engine]:
+        """The engine of each role: its plan goes into the role's checkpoints."""
+        return {
+            "actor": self.actor_engine,
+            "critic": self.critic_engine,
+            "reference": self.reference_engine,
+        }
 
     def set_roles(self, roles: dict[str, TrainState]) -> None:
         self.actor, self.critic = roles["actor"], roles["critic"]

@@ -11,13 +11,19 @@ without deadlocking the others' collectives -- so none is installed.
 A single process has no coordination service: there, and only there, a Python handler
 sets a flag and the next save is the final one. Both paths end in the same place: the
 step's save, then `Preempted` (exit code 75).
+
+Ctrl-C is held while a save runs (`sigint_deferred`), so an interrupt never leaves a step
+half-written.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import signal
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import jax
@@ -94,3 +100,27 @@ class PreemptionWatch:
         if self._handler is not None and signal.getsignal(signal.SIGTERM) is self._handler:
             signal.signal(signal.SIGTERM, self._previous)
         self._handler = None
+
+
+@contextlib.contextmanager
+def sigint_deferred() -> Iterator[None]:
+    """Hold Ctrl-C until the block ends, then deliver it to the handler it was meant for.
+
+    A KeyboardInterrupt inside an Orbax save left the step half-written and Orbax's threads
+    on a closed event loop (dozens of "Event loop is closed" tracebacks at exit); around a
+    save, the save completes and the interrupt follows it. Off the main thread (where
+    Python delivers no signal) it does nothing.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    pending: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: pending.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    if pending and callable(previous):
+        previous(signal.SIGINT, None)
+    elif pending and previous == signal.SIG_DFL:  # the default action: end the process
+        os.kill(os.getpid(), signal.SIGINT)

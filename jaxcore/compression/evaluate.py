@@ -48,9 +48,22 @@ def text_batches(
 ) -> list[np.ndarray]:
     """``count`` int32 batches ``(batch, seq_len + 1)`` of random windows of the given
     documents, concatenated (so train and held-out text come from disjoint documents)."""
-    text = np.concatenate([np.asarray(source[i], np.int32) for i in documents])
+    for name, value in (("batch", batch), ("seq_len", seq_len), ("count", count)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"text_batches: {name}={value!r} must be a positive int.")
+    bad = [i for i in documents if not -len(source) <= i < len(source)]
+    if bad:
+        raise ConfigError(
+            f"text_batches: document indices {bad[:5]} are out of range for a source of "
+            f"{len(source)} documents; pass indices in [0, {len(source)})."
+        )
+    text = np.concatenate([np.asarray(source[i], np.int32) for i in documents] or [[]])
     if text.size <= seq_len + 1:
-        raise ValueError(f"text_batches: {text.size} tokens are too few for seq_len={seq_len}.")
+        raise ConfigError(
+            f"text_batches: the {len(documents)} documents hold {text.size} tokens, too few "
+            f"for windows of seq_len={seq_len} (+1 target); pass more documents or a shorter "
+            "seq_len."
+        )
     rng = np.random.default_rng(seed)
     starts = rng.integers(0, text.size - seq_len - 1, (count, batch))
     return [np.stack([text[s : s + seq_len + 1] for s in row]) for row in starts]

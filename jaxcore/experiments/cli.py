@@ -78,6 +78,40 @@ def _store(args: argparse.Namespace, config: Any = None, *, create: bool = False
     return _open_store(url)
 
 
+def _new_sqlite_file(url: str) -> pathlib.Path | None:
+    """The SQLite file ``url`` names when it does not exist yet (``create`` makes it)."""
+    from jaxcore.experiments.store import normalize_url
+
+    url = normalize_url(url)
+    if not url.startswith("sqlite:///") or url.endswith(":memory:"):
+        return None
+    path = pathlib.Path(url.removeprefix("sqlite:///"))
+    return None if path.exists() else path
+
+
+def _forget_new_store(store: Any, path: pathlib.Path | None, workdir: str) -> None:
+    """Undo what a refused ``create`` made: close ``store`` and, when this command created
+    its SQLite file at ``path``, remove it and the workdir's binding to it (a binding to a
+    removed store would refuse the next ``create`` over the same workdir)."""
+    from jaxcore.experiments.experiment import WORKDIR_MARK
+
+    try:
+        uuid = store.uuid if path is not None else None
+    except Exception:  # the store never got that far
+        uuid = None
+    store.close()
+    if path is None:
+        return
+    mark = pathlib.Path(workdir) / WORKDIR_MARK
+    try:
+        if uuid is not None and json.loads(mark.read_text()).get("store_uuid") == uuid:
+            mark.unlink()
+    except (OSError, ValueError):  # no binding was written
+        pass
+    for suffix in ("", "-wal", "-shm", "-journal"):
+        pathlib.Path(f"{path}{suffix}").unlink(missing_ok=True)
+
+
 def _open_store(url: str) -> Any:
     """`Store(url)`, with a URL that names no database, a database without its driver
     or a server that does not answer as one-line `ConfigError`s (they were tracebacks)."""
@@ -145,14 +179,19 @@ def _create(args: argparse.Namespace) -> int:
 
     config = _config(args)  # validated before anything starts
     check_entrypoint(config.entrypoint)  # importable and callable, before any store
+    new_file = _new_sqlite_file(config.database_url)
     store = _store(args, config, create=True)
-    loop = ExperimentLoop(
-        config,
-        store=store,
-        executor=args.executor,
-        progress=not args.quiet,
-        ray_address=args.ray_address,
-    )
+    try:
+        loop = ExperimentLoop(
+            config,
+            store=store,
+            executor=args.executor,
+            progress=not args.quiet,
+            ray_address=args.ray_address,
+        )
+    except BaseException:  # refused (no Ray cluster, ...): leave no empty store behind
+        _forget_new_store(store, new_file, config.workdir)
+        raise
     args.experiment_id, args.store_url = loop.exp_id, store.url  # for an interrupt's advice
     print(
         f"experiment {loop.exp_id} created ({config.searcher.name}, "

@@ -33,6 +33,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
+import difflib
 import json
 import logging
 import math
@@ -483,8 +484,15 @@ class ExperimentLoop:
         nothing: it is ERRORED (not COMPLETED, which would let an experiment of such trials
         end COMPLETED with no result), without restarts, which would end the same way."""
         metric = self.config.searcher.metric
+        names = sorted({k for m in self.store.metrics(trial_id) for k in m["values"]})
+        if names:  # a mistyped searcher.metric: say what the trial did report
+            close = difflib.get_close_matches(metric, names, n=1)
+            hint = f"; did you mean searcher.metric: {close[0]}?" if close else ""
+            seen = f" (it reported {', '.join(map(repr, names))}{hint})"
+        else:
+            seen = ""
         reason = (
-            f"trial {trial_id} exited without reporting the searcher metric {metric!r}: "
+            f"trial {trial_id} exited without reporting the searcher metric {metric!r}{seen}: "
             f"report it with ctx.report(step, {{{metric!r}: value}}) (a return value is "
             "not the objective); marked errored"
         )

@@ -14,9 +14,9 @@ import sys
 import traceback
 
 
-def _parse(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="jaxcore run", description=__doc__.splitlines()[0])
-    p.add_argument("config", help="the run YAML (e.g. configs/demo.yaml)")
+def add_run_options(p: argparse.ArgumentParser) -> None:
+    """``--set``, ``--dry-run`` and ``--json``: `jaxcore run`'s options, which ``jaxcore demo``
+    passes on (named there too, so its --help lists them)."""
     p.add_argument(
         "--set",
         dest="overrides",
@@ -27,6 +27,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--dry-run", action="store_true", help="print the plan, run nothing")
     p.add_argument("--json", action="store_true", help="also print the plan/summary as JSON")
+
+
+def _parse(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="jaxcore run", description=__doc__.splitlines()[0])
+    p.add_argument("config", help="the run YAML (e.g. configs/demo.yaml)")
+    add_run_options(p)
     return p.parse_args(argv)
 
 

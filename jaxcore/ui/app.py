@@ -108,6 +108,10 @@ def create_app(
             raise HTTPException(404, f"{what} does not exist in this store")
         return data
 
+    @app.get("/favicon.ico", include_in_schema=False)
+    def favicon() -> FileResponse:  # browsers ask for it whatever the page links: no 404
+        return FileResponse(STATIC / "favicon.svg", media_type="image/svg+xml")
+
     @app.get("/", include_in_schema=False)
     def experiments_page() -> FileResponse:
         return page("experiments")

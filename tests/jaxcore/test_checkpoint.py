@@ -200,3 +200,34 @@ def test_a_plain_save_records_the_plan_and_restores_onto_it(tmp_path, trained):
         restored, _ = ckpt.restore_or_init(plan)
     assert ckpt.plan is plan and ckpt.resumed_step == 3
     assert _equal_trees(restored.params, state.params)
+
+
+@pytest.mark.parametrize("async_save", [False, True])
+def test_ctrl_c_during_a_save_completes_the_step_then_interrupts(
+    trained, tmp_path, monkeypatch, async_save
+):
+    """Stop 43: Ctrl-C inside a save left the step half-written and Orbax's threads on a
+    closed event loop ("Event loop is closed" tracebacks at exit). The interrupt is held
+    until the save has started for real, then raised from `Checkpointer.save`."""
+    import signal
+
+    from jaxcore.checkpointing import record
+
+    engine, _, state = trained
+    build = record.build
+
+    def interrupted_build(*args, **kwargs):
+        signal.raise_signal(signal.SIGINT)  # Ctrl-C, mid-save
+        return build(*args, **kwargs)
+
+    monkeypatch.setattr(record, "build", interrupted_build)
+    before = signal.getsignal(signal.SIGINT)
+    cfg = CheckpointConfig(directory=tmp_path, async_save=async_save)
+    with Checkpointer(cfg, engine=engine) as c:
+        with pytest.raises(KeyboardInterrupt):
+            c.save(state, force=True)
+        assert signal.getsignal(signal.SIGINT) is before
+    with _fresh(tmp_path) as c:
+        assert c.latest_step() == 3
+        restored, _ = c.restore_or_init(jc.Engine(parallel=FSDP8), factory, TX)
+    assert _equal_trees(restored.params, state.params)

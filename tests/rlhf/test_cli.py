@@ -54,6 +54,8 @@ def test_ppo_sigkill_and_resume_repeats_the_uninterrupted_metrics(tmp_path):
         "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
     }
     rc_whole, log_whole = finish(cli("ppo", config, whole, cache))
+    # Each role's checkpoints record its engine's plan (stop 43: every save warned).
+    assert "Checkpointer has no plan" not in log_whole
     # Killed after iteration 2's metrics are written, before its checkpoint begins: the
     # newest checkpoint is iteration 1, and the resumed run must recompute iteration 2.
     rc_killed, log_killed = finish(cli("ppo", config, killed, {**cache, KILL_ENV: "2:before_save"}))
@@ -72,6 +74,12 @@ def test_ppo_sigkill_and_resume_repeats_the_uninterrupted_metrics(tmp_path):
     for want, got in zip(expected, resumed, strict=True):
         for key in set(want) - TIMINGS:
             assert got[key] == pytest.approx(want[key], rel=1e-6, abs=1e-7), (want["step"], key)
+
+    # A rerun of the finished run trains nothing and says so (it printed "done, {}").
+    rc, log = finish(cli("ppo", config, killed, cache))
+    assert rc == 0, log
+    assert f"nothing to do: {killed} already holds all 3 steps; pass --steps N" in log
+    assert len(read_metrics(killed)) == 3
 
 
 def test_dpo_through_the_cli(tmp_path):

@@ -78,3 +78,15 @@ def test_restore_without_checkpoint_says_how(tmp_path):
 
     with pytest.raises(jc.ConfigError, match="save_trainer"):
         restore_trainer(Empty(), tmp_path)
+
+
+def test_each_role_checkpoint_records_its_engine_plan(uninterrupted):
+    # Stop 43: role checkpoints were saved without an engine, so every save of a PPO/GRPO
+    # run logged "Checkpointer has no plan" and the steps recorded no engine config or axes.
+    from rlhf.checkpoint import role_checkpointer
+
+    _, _, _, saved, _ = uninterrupted
+    for role in ("actor", "critic", "reference"):
+        with role_checkpointer(saved / role) as ckpt:
+            record = ckpt.read_record(2)
+        assert record["engine"] is not None and record["logical_axes"], role

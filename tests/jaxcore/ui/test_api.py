@@ -232,3 +232,14 @@ def test_ids_out_of_the_stores_range_are_a_422_not_a_500(client):
         assert client.get(f"{route}99999999999999999999").status_code == 422
         assert client.get(f"{route}-1").status_code == 422
         assert client.get(f"{route}{2**63 - 1}").status_code == 404
+
+
+def test_every_page_has_an_icon_and_favicon_ico_is_served(client):
+    # Stop 43: each page load logged "GET /favicon.ico 404" (browsers ask for it).
+    for page in ("/", "/models", "/datasets", "/experiments/1", "/trials/1"):
+        html = client.get(page).text
+        assert '<link rel="icon" href="/static/favicon.svg"' in html, page
+    for url in ("/favicon.ico", "/static/favicon.svg"):
+        r = client.get(url)
+        assert r.status_code == 200 and r.headers["content-type"].startswith("image/svg+xml")
+        assert r.text.startswith("<svg")

@@ -34,6 +34,10 @@ PROVIDER_PATTERNS = [
         r"\bgh[pousr]_[0-9A-Za-z]{36}\b",  # github-pat, github-oauth, github-app-token
         r"\bglpat-[\w-]{20}\b",  # gitlab-pat
         r"\bsk-(?:proj|svcacct|admin)-[\w-]{40,}T3BlbkFJ[\w-]{40,}",  # openai-api-key
+        # Project/service-account keys issued without the T3BlbkFJ marker: the literal
+        # sk-proj-/sk-svcacct-/sk-admin- prefix, 40+ key characters with a digit and a
+        # capital are specific enough; placeholders (sk-proj-xxxx...) still drop.
+        r"\bsk-(?:proj|svcacct|admin)-(?=[\w-]*\d)(?=[\w-]*[A-Z])[\w-]{40,}",
         r"\bsk-[A-Za-z0-9]{20}T3BlbkFJ[A-Za-z0-9]{20}\b",  # openai-api-key (legacy)
         r"\bsk-ant-(?:api03|admin01)-[\w-]{93}AA\b",  # anthropic-api-key
         r"\bAIza[\w-]{35}(?![\w-])",  # gcp-api-key
@@ -539,7 +543,7 @@ DOC_PASSWORDS = frozenset(
 PLACEHOLDER = re.compile(
     r"(?i)your[-_ ]?|example|dummy|placeholder|change.?me|x{4,}|\*{3,}|sample|fake|insert|"
     r"replace|redacted|todo|xmpl|<[^>]*>|\$\{|\$\(|\{\{|%\(\w*\)s|^%[sd]$|\.\.\.|^\$\w+$|^%\w+%$|"
-    r"^\{[\w.]*\}$|"
+    r"^\{[\w.]*\}$|sensitive\*data\*deleted|"  # the last: Windows' own unattend.xml mask
     r"\benv\b|getenv|environ|process\.env|secrets\.|vault:|^@|^<|^\[|"
     r"(.)\1{5,}"
 )
@@ -618,6 +622,28 @@ def key_value_ok(value: str, hexbar: float = 3.0, b64bar: float = 4.0, min_hex: 
     return shannon_entropy(v) >= bar
 
 
+# A field named only ``key`` (``stripe.Client{Key: "..."}``, ``key = "..."``) is most often a
+# lookup/cache/sort key, so its value alone decides: a random-looking token of 20+ characters
+# mixing upper and lower case and digits, not hex (cache keys are hashes), no separators
+# that make it a readable slug or a path.
+BARE_KEY_NAMES = frozenset({"key", "Key", "KEY"})
+
+
+def bare_key_value_ok(value: str) -> bool:
+    v = value.strip()
+    return (
+        20 <= len(v) <= 256
+        and re.fullmatch(r"[A-Za-z0-9_+/=-]+", v) is not None
+        and re.fullmatch(r"[0-9a-fA-F-]+", v) is None
+        and any(c.isupper() for c in v)
+        and any(c.islower() for c in v)
+        and sum(c.isdigit() for c in v) >= 3
+        and v.count("-") + v.count("_") <= 2
+        and key_value_ok(v)
+        and shannon_entropy(v) >= 4.0
+    )
+
+
 def _spaced_key_ok(v: str) -> bool:
     """A long random value that happens to hold spaces (WordPress's salts draw from 92
     characters, the space one of them), not words: prose stays near 4 bits a character.
@@ -687,13 +713,17 @@ ENV_SPACE_TAIL = re.compile(r"[ \t]+" + _VALUE)
 ENV_SPACE_HEAD = re.compile(r"(?:ENV|#define|setx|setenv|set(?:[ \t]+-[a-zA-Z]+)+)[ \t]*")
 # Config-file directives whose value is a password: redis.conf's `requirepass x` and
 # `masterauth x` (the names are not key-like words).
-DIRECTIVE = re.compile(r"[ \t]*(?:requirepass|masterauth)[ \t]+" + _VALUE)
+DIRECTIVE = re.compile(
+    r"""[ \t]*(?:requirepass|masterauth)(?:[ \t]+|["']\s*,\s*(?=["']))""" + _VALUE
+)  # also argv as a list: ["redis-server", "--requirepass", "x"]
 # YAML block scalars: ``password: |`` / ``token: >-`` and the value on the indented lines
 # below (gitleaks' generic-api-key reads one line only; the value here is the block's).
 YAML_BLOCK_TAIL = re.compile(r"""["']?[ \t]*:[ \t]*[|>][1-9]?[+-]?[1-9]?[ \t]*(?:#[^\n]*)?$""")
 YAML_BLOCK_LINES = 32
 # Setters: setPassword("x"), password.set("x"), withApiKey("x").
 SETTER_TAIL = re.compile(r"(?:\.set|\.setValue)?\(\s*" + _Q + r"\s*\)")
+# A flag's value as the next item of an argv list: ``"--requirepass", "x"``.
+ARGV_TAIL = re.compile(r"""["']\s*,\s*""" + _Q)
 # "name", "value" pairs: PHP define(), setenv(), .set("password", ...), env["NAME"] = "...".
 # Kotlin's mapOf("password" to "x").
 PAIR_TAIL = re.compile(r"""["']\s*(?:,|\]\s*=|to(?=\s))\s*""" + _Q)
@@ -703,6 +733,14 @@ DSL_TAIL = re.compile(r"[ \t]+" + _Q)
 FLAG_TAIL = re.compile(r"(?:=|[ \t]+)(?![-$])" + _VALUE)
 # <password>x</password>, <apiKey>x</apiKey>
 ELEMENT_TAIL = re.compile(r">(?P<bv>[^<>\s]{3,1024})</")
+# Windows unattend.xml and XML settings: ``<Password>\n  <Value>x</Value>`` holds the value one
+# element down from the password-named one (a sibling such as ``<PlainText>`` may come first).
+XML_VALUE_CHILD = re.compile(
+    r"<(?P<name>[\w.-]{1,64})>\s*(?:<(?P<sib>\w{1,32})>[^<>\n]{0,64}</(?P=sib)>\s*){0,2}"
+    r"<Value>(?P<bv>[^<>\s]{3,1024})</Value>",
+    re.IGNORECASE,
+)
+XML_VALUE_LOOKAHEAD = 512
 # <add key="ApiKey" value="x"/>, <property name="db.password" value="x"/>
 KEYVALUE_TAIL = re.compile(r"""["']\s+value\s*=\s*["'](?P<bv>[^"']{1,1024})["']""")
 KEYVALUE_HEAD = re.compile(r"""\b(?:key|name)\s*=\s*["']$""")
@@ -932,17 +970,26 @@ def _named_secrets(text: str, s: int, e: int, low: str) -> Iterator[Hit]:
         if b in seen:
             continue
         seen.add(b)
+        dashes = a
         while a < b and text[a] in "-.":
             a += 1  # --password: the dashes mark a flag, not the name
         name = text[a:b]
         kind = name_kind(name)
-        if kind is None:
-            continue
         before = text[a - 1] if a > s else ""
+        if kind is None:
+            if name in BARE_KEY_NAMES:  # Client{Key: "..."}: judged by its value alone
+                for tail in (ASSIGN_TAIL, TYPED_TAIL):
+                    val = _value_at(tail, text, b, e)
+                    if val and bare_key_value_ok(val[0]):
+                        yield "key", val[1], val[2], val[0]
+            continue
         if before == "{" and text[a - 2 : a] == "${" and SHELL_NO_VALUE.match(text, b, e):
             continue  # ${DB_PASSWORD:?set it}: a message for an unset variable, no value
         if before == "-":
             yield from _judge(kind, _value_at(FLAG_TAIL, text, b, e), name)
+            if dashes > s and text[dashes - 1] in "\"'":
+                # ["redis-server", "--requirepass", "x"]: argv as a list, the value the next item
+                yield from _judge(kind, _value_at(ARGV_TAIL, text, b, e), name)
             continue
         if name.lower() != "authorization":  # "Scheme credential": AUTH_SCHEME reads it
             in_query = before in ("?", "&")  # ?api_key=x&page=2: the value ends at "&"
@@ -959,7 +1006,11 @@ def _named_secrets(text: str, s: int, e: int, low: str) -> Iterator[Hit]:
                 yield from _judge(kind, _value_at(KEYVALUE_TAIL, text, b, e), name)
         elif before == "<":
             m = ELEMENT_TAIL.match(text, b, e)
-            if m and text.startswith(name + ">", m.end()):
+            if m is None:  # <Password>\n  <Value>x</Value>
+                m = XML_VALUE_CHILD.match(text, a - 1, a + XML_VALUE_LOOKAHEAD)
+            elif not text.startswith(name + ">", m.end()):
+                m = None
+            if m:
                 yield from _judge(kind, _value(m), name)
         if before == ":" or _dsl_ok(text, s, a):  # Clojure's {:password "x"}
             yield from _judge(kind, _value_at(DSL_TAIL, text, b, e), name)

@@ -22,7 +22,7 @@ from inference.batching import Scheduler
 from inference.config import ServingConfig
 from inference.engine import SlotEngine
 from inference.request import Request, RequestError, check_text
-from inference.sampling import SamplingParams, unknown_field_message
+from inference.sampling import SamplingParams, check_sampling_keywords
 from inference.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
 from inference.weights import REGISTRY, resolve_model
 from jaxcore.models import TransformerConfig
@@ -167,10 +167,7 @@ class LLM:
                 f"LLM.generate: sampling must be a SamplingParams (or a list of them, one per "
                 f"prompt); got {type(sampling).__name__}."
             )
-        known = {f.name for f in dataclasses.fields(SamplingParams)}
-        for name in fields:
-            if name not in known:
-                raise jc.ConfigError(unknown_field_message("LLM.generate", name, fields[name]))
+        check_sampling_keywords("LLM.generate", fields)
         return dataclasses.replace(sampling, **fields) if fields else sampling
 
     def _params_each(

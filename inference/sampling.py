@@ -9,8 +9,6 @@ gives the same text whether it runs alone or batched with others.
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import functools
 import math
 import numbers
 from collections.abc import Mapping
@@ -20,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 import jaxcore as jc
+from jaxcore.errors import check_keywords
 
 # Alternatives per position the engine computes for ``logprobs`` / ``top_logprobs``
 # (OpenAI's chat API and vLLM allow up to 20).
@@ -82,6 +81,11 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     logit_bias: Mapping[int, float] | tuple[tuple[int, float], ...] = ()
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> SamplingParams:
+        # SamplingParams(n=2) copied from vLLM: a ConfigError with the way out, not a TypeError.
+        check_sampling_keywords("SamplingParams", kwargs)
+        return super().__new__(cls)
+
     def __post_init__(self) -> None:
         for name in _FLOATS:  # inf passed the range checks and gave degenerate output
             if not math.isfinite(getattr(self, name)):
@@ -137,42 +141,22 @@ class SamplingParams:
             raise jc.ConfigError("SamplingParams.stop: stop strings must be non-empty.")
 
 
-def unknown_field_message(where: str, name: str, value: Any) -> str:
-    """The error for a keyword that is no `SamplingParams` field. It was Python's
-    TypeError, naming neither the fields nor a way out; vLLM's ``n`` and ``best_of`` get
-    the way to draw several samples here."""
-    if name in ("n", "best_of"):  # vLLM's SamplingParams has them; one Completion here
-        return (
-            f"{where}: {name!r}={value!r} is not supported (one Completion per prompt); "
-            f"for {value!r} samples pass the prompt {value!r} times with temperature > 0 and "
+def check_sampling_keywords(where: str, given: dict[str, Any]) -> None:
+    """Refuse a keyword of ``given`` that is no `SamplingParams` field with a `ConfigError`
+    naming the field meant (it was Python's TypeError). vLLM's ``n`` and ``best_of`` get the
+    way to draw several samples here."""
+    hints = {
+        name: (
+            f"{value!r} samples: pass the prompt {value!r} times with temperature > 0 and "
             "seed=None, or with a list of SamplingParams, one per prompt, seeded seed, "
-            "seed + 1, ... (one seed draws the same tokens every time). The server's "
-            "/v1/completions takes n and best_of."
+            "seed + 1, ... (one seed draws the same tokens every time); one Completion per "
+            "prompt here. The server's /v1/completions takes n and best_of."
         )
+        for name, value in given.items()
+        if name in ("n", "best_of")  # vLLM's SamplingParams has them
+    }
     known = sorted(f.name for f in dataclasses.fields(SamplingParams))
-    close = difflib.get_close_matches(name, known, n=1)
-    hint = f"did you mean {close[0]!r}? " if close else ""
-    return (
-        f"{where}: {name!r} is not a sampling field; {hint}SamplingParams takes {', '.join(known)}."
-    )
-
-
-def _checked_init(init: Any) -> Any:
-    """The dataclass ``__init__``, refusing an unknown keyword with `unknown_field_message`
-    (``SamplingParams(n=2)`` copied from vLLM was a bare TypeError)."""
-
-    @functools.wraps(init)
-    def __init__(self: SamplingParams, *args: Any, **kwargs: Any) -> None:
-        known = {f.name for f in dataclasses.fields(SamplingParams)}
-        for name, value in kwargs.items():
-            if name not in known:
-                raise jc.ConfigError(unknown_field_message("SamplingParams", name, value))
-        init(self, *args, **kwargs)
-
-    return __init__
-
-
-SamplingParams.__init__ = _checked_init(SamplingParams.__init__)  # type: ignore[method-assign]
+    check_keywords(where, known, given, hints, owner="SamplingParams")
 
 
 # OpenAI's range for a ``logit_bias`` value.

@@ -33,10 +33,16 @@ class TrainingDivergedError(JaxcoreError, RuntimeError):
 
 
 def check_keywords(
-    what: str, known: list[str], given: dict, hints: dict[str, str] | None = None
+    what: str,
+    known: list[str],
+    given: dict,
+    hints: dict[str, str] | None = None,
+    owner: str | None = None,
 ) -> None:
     """Raise `ConfigError` for a keyword of ``given`` that is not in ``known``, naming the
-    setting meant (``hints[name]``, else a close spelling, else every setting)."""
+    setting meant (``hints[name]``, else a close spelling, else every setting).
+    ``what`` starts the message (the call); ``owner`` is the class whose settings these
+    are (default ``jaxcore.<what>``)."""
     import difflib
 
     for name in given:
@@ -48,4 +54,6 @@ def check_keywords(
             hint = f"did you mean {close[0]!r}?"
         else:
             hint = f"the settings are {', '.join(known)}."
-        raise ConfigError(f"{what}: {name!r} is not a setting of jaxcore.{what}; {hint}")
+        raise ConfigError(
+            f"{what}: {name!r} is not a setting of {owner or 'jaxcore.' + what}; {hint}"
+        )

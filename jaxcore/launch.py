@@ -32,7 +32,6 @@ import dataclasses
 import logging
 import os
 import shlex
-import shutil
 import signal
 import socket
 import subprocess
@@ -47,6 +46,7 @@ from jaxcore.lifeline import ENV_LIFELINE, Lifeline
 from jaxcore.runtime import (
     MALLOC_TUNABLES,
     PREEMPTION_EXIT_CODE,
+    nvidia_gpu_count,
     port_unavailable,
     with_cpu_devices,
     with_malloc_tuning,
@@ -113,24 +113,15 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-NVIDIA_DRIVER_PATHS = ("/proc/driver/nvidia", "/dev/nvidiactl")
-
-
-def _nvidia_driver_present() -> bool:
-    """Whether this machine has an NVIDIA driver (its /proc entry, its control device or
-    nvidia-smi); the GPUs themselves are JAX's to count, in each rank."""
-    return any(os.path.exists(p) for p in NVIDIA_DRIVER_PATHS) or bool(shutil.which("nvidia-smi"))
-
-
 def check_platform(platform: str) -> None:
-    """Refuse ``platform="gpu"`` on a machine without an NVIDIA driver: JAX would fall
-    back to CPU with one warning line per rank, and the run would train on one CPU device
-    per process and exit 0 as if on GPUs."""
-    if platform == "gpu" and not _nvidia_driver_present():
+    """Refuse ``platform="gpu"`` where ``nvidia-smi`` lists no GPU: JAX would fall back to
+    CPU with one warning line per rank, and the run would train on one CPU device per
+    process and exit 0 as if on GPUs."""
+    if platform == "gpu" and not nvidia_gpu_count():
         raise ConfigError(
-            "platform 'gpu': this machine shows no NVIDIA GPU (no driver: none of "
-            f"{', '.join(NVIDIA_DRIVER_PATHS)}, no nvidia-smi). Run where the GPUs are, or "
-            "use platform 'cpu' (the default; --platform cpu) for CPU devices."
+            "platform 'gpu': this machine shows no NVIDIA GPU (`nvidia-smi -L` lists none, "
+            "or the driver and its nvidia-smi are missing). Run where the GPUs are, or use "
+            "platform 'cpu' (the default; --platform cpu) for CPU devices."
         )
 
 

@@ -18,6 +18,7 @@ import logging
 import os
 import re
 import socket
+import subprocess
 import sys
 from collections.abc import Mapping, MutableMapping
 
@@ -92,3 +93,13 @@ def port_unavailable(port: int) -> str | None:
         except OSError as e:
             return f"port {port} is in use ({e.strerror})"
     return None
+
+
+def nvidia_gpu_count() -> int:
+    """How many GPUs ``nvidia-smi -L`` lists here (0 without the driver or its tool): what
+    `jaxcore launch --platform gpu` and the experiment executors decide GPU or CPU by."""
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))

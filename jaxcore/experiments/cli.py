@@ -13,6 +13,7 @@ Exit status: 0 done, 1 the experiment FAILED (or what was asked for does not exi
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import pathlib
@@ -103,11 +104,9 @@ def _forget_new_store(store: Any, path: pathlib.Path | None, workdir: str) -> No
     if path is None:
         return
     mark = pathlib.Path(workdir) / WORKDIR_MARK
-    try:
+    with contextlib.suppress(OSError, ValueError):  # no binding was written
         if uuid is not None and json.loads(mark.read_text()).get("store_uuid") == uuid:
             mark.unlink()
-    except (OSError, ValueError):  # no binding was written
-        pass
     for suffix in ("", "-wal", "-shm", "-journal"):
         pathlib.Path(f"{path}{suffix}").unlink(missing_ok=True)
 

@@ -32,20 +32,15 @@ import traceback
 from typing import Any
 
 from jaxcore.errors import ConfigError
+from jaxcore.runtime import nvidia_gpu_count
 
 log = logging.getLogger(__name__)
 
 
 def detect_platform() -> tuple[str, int]:
     """``("gpu", n)`` when ``nvidia-smi -L`` lists GPUs, else ``("cpu", cpu_count)``."""
-    try:
-        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10)
-        n = sum(1 for line in out.stdout.splitlines() if line.startswith("GPU "))
-        if n:
-            return "gpu", n
-    except (OSError, subprocess.SubprocessError):
-        pass
-    return "cpu", os.cpu_count() or 1
+    n = nvidia_gpu_count()
+    return ("gpu", n) if n else ("cpu", os.cpu_count() or 1)
 
 
 def trial_env(platform: str, devices: list[int], base: dict[str, str]) -> dict[str, str]:

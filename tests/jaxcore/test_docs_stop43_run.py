@@ -148,9 +148,11 @@ def test_launch_platform_gpu_without_a_driver_refuses_instead_of_training_on_cpu
     tmp_path, monkeypatch, capsys
 ):
     # On a machine without GPUs, `--platform gpu` ran every rank on one CPU device and
-    # exited 0. The probe is pointed at paths that do not exist, so this holds anywhere.
-    monkeypatch.setattr(launch, "NVIDIA_DRIVER_PATHS", (str(tmp_path / "nvidia"),), raising=False)
-    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi
+    # exited 0. PATH holds only a stand-in nvidia-smi, so this holds anywhere.
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text("#!/bin/sh\nexit 9\n")  # a driver that lists no GPU
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
     marker = tmp_path / "ran"
     script = tmp_path / "train.py"
     script.write_text(f"open({str(marker)!r}, 'w').close()\n")
@@ -160,8 +162,12 @@ def test_launch_platform_gpu_without_a_driver_refuses_instead_of_training_on_cpu
     assert "--platform cpu" in err and "\n" not in err and not marker.exists()
     with pytest.raises(jc.ConfigError, match="platform 'gpu': this machine shows no NVIDIA"):
         jc.notebook_launcher(print, num_processes=1, platform="gpu")
-    (tmp_path / "nvidia").mkdir()  # a driver: the ranks start (JAX counts the GPUs)
-    assert launch._nvidia_driver_present()
+    smi.unlink()  # no nvidia-smi at all: refused too
+    with pytest.raises(jc.ConfigError, match="no NVIDIA GPU"):
+        launch.check_platform("gpu")
+    smi.write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H100 80GB HBM3 (UUID: GPU-0)'\n")
+    smi.chmod(0o755)
+    launch.check_platform("gpu")  # one GPU listed: the ranks start (JAX counts the GPUs)
 
 
 def test_a_trace_window_without_after_stops_when_the_window_is_over(tmp_path):

@@ -30,9 +30,13 @@ def reports_loss(ctx):
 @pytest.mark.parametrize(
     ("kwargs", "says"),
     [
-        ({"n": 2}, r"SamplingParams: 'n'=2 is not supported.*prompt 2 times"),
-        ({"best_of": 3}, r"'best_of'=3 is not supported"),
-        ({"temprature": 0.5}, r"'temprature' is not a sampling field; did you mean 'temperature'"),
+        (
+            {"n": 2},
+            r"SamplingParams: 'n' is not a setting of SamplingParams; 2 samples: pass "
+            r"the prompt 2 times",
+        ),
+        ({"best_of": 3}, r"'best_of' is not a setting of SamplingParams; 3 samples"),
+        ({"temprature": 0.5}, r"'temprature' is not a setting.*did you mean 'temperature'"),
     ],
 )
 def test_sampling_params_refuses_unknown_keywords_with_a_way_out(kwargs, says):

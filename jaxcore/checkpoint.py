@@ -43,6 +43,7 @@ import pathlib
 import re
 import shutil
 import sys
+import threading
 import time
 from typing import Any
 
@@ -59,7 +60,7 @@ from jaxcore.checkpointing.preemption import PreemptionWatch, sigint_deferred
 from jaxcore.checkpointing.storage import failed_step, storage_failure
 from jaxcore.checkpointing.verification import Unreadable, agree_on_damage
 from jaxcore.checkpointing.writer_lock import BusyDirectory, WriterLock
-from jaxcore.errors import ConfigError, JaxcoreError
+from jaxcore.errors import ConfigError, JaxcoreError, check_keywords
 from jaxcore.input import check_loader
 from jaxcore.plan import TrainPlan
 from jaxcore.runtime import PREEMPTION_EXIT_CODE  # defined there: the launcher needs no JAX
@@ -93,10 +94,13 @@ class CheckpointConfig:
     """When to save, what to keep, how to check.
 
     Attributes:
-        directory: where step directories go (local path or any path Orbax/epath takes).
+        directory: the folder step directories go in: a local (or mounted) path, ``~``
+            expanded, created if missing. A URL (``gs://``, ``s3://``) is a `ConfigError`:
+            the manifest, lock and quarantine use the local file system.
         save_every_steps: save when ``step % save_every_steps == 0`` (``None``: off).
         save_every_seconds: save when this long passed since the last save and no save
-            is in flight (Orbax's continuous policy; ``None``: off). With neither, only
+            is in flight (Orbax's continuous policy, in whole seconds, at least 1;
+            ``None``: off). With neither, only
             ``save(..., force=True)`` and preemption save.
         async_save: write in a background thread; the loop is blocked only for the copy
             of the arrays to host memory.
@@ -130,9 +134,12 @@ class CheckpointConfig:
     announce: bool = True
 
     def __post_init__(self) -> None:
+        _check_directory(self.directory)
         for name in ("save_every_steps", "keep_last", "keep_best"):
             value = getattr(self, name)
-            if value is not None and (not isinstance(value, int) or value < 1):
+            # bool is an int: keep_best=True read as 1 and save_every_steps=True as every step
+            bad = isinstance(value, bool) or not isinstance(value, int) or value < 1
+            if value is not None and bad:
                 raise ConfigError(
                     f"CheckpointConfig.{name}={value!r}: must be an integer >= 1, or None."
                 )
@@ -152,9 +159,56 @@ class CheckpointConfig:
             raise ConfigError(f"CheckpointConfig.verify={self.verify!r}: one of {VERIFY_MODES}.")
 
 
-def _rank_value(metrics: dict[str, Any], name: str, worst: float) -> float:
-    value = float(metrics.get(name, math.nan))
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
+
+
+def _check_directory(directory: Any) -> None:
+    """Refuse what `pathlib` would turn into a wrong local folder: an empty path (the
+    working directory) and a URL (``gs://b/x`` became ``./gs:/b/x`` on the local disk)."""
+    try:
+        text = os.fspath(directory)
+    except TypeError:
+        text = None
+    if not text:
+        raise ConfigError(
+            f"CheckpointConfig.directory={directory!r}: name the folder for the checkpoints "
+            "(e.g. directory='runs/demo'; it is created if missing)."
+        )
+    if isinstance(text, str) and _URL.match(text):
+        local = text.removeprefix("file://") if text.startswith("file:///") else None
+        raise ConfigError(
+            f"CheckpointConfig.directory={text!r}: checkpoints go to a local folder (or a "
+            "bucket mounted as one, e.g. with gcsfuse or s3fs), not a URL: "
+            + (f"pass {local!r}." if local else "mount it and pass the mount's path.")
+        )
+
+
+def _rank_value(metrics: Any, name: str, worst: float) -> float:
+    try:
+        value = float(metrics.get(name, math.nan))
+    except (AttributeError, TypeError, ValueError):  # not a number: ranks last too
+        return worst
     return worst if math.isnan(value) else value
+
+
+class _Manager(ocp.CheckpointManager):
+    """Orbax's manager, reading a step's saved metrics (``<step>/metrics/metrics``, what
+    ``keep_best`` ranks by) without failing on a damaged file.
+
+    Orbax (0.12.8) reads them for every step when it (re)loads the directory and lets any
+    error but `FileNotFoundError` out, so one truncated metrics file made building the
+    Checkpointer, `all_steps` and `restore_or_init` raise a bare `JSONDecodeError` before
+    the manifest check that proves the step damaged (and quarantines it) could run. Such a
+    step ranks as one without metrics.
+    """
+
+    def _get_metrics(self, step: int) -> Any:
+        try:
+            metrics = super()._get_metrics(step)
+        except (OSError, ValueError) as e:
+            log.warning("the metrics of checkpoint step %d cannot be read: %s", step, e)
+            return None
+        return metrics if isinstance(metrics, dict) else None
 
 
 def _is_typed_key(x: Any) -> bool:
@@ -171,6 +225,55 @@ def _culprit(root: pathlib.Path, error: BaseException, default: pathlib.Path) ->
             return found.group(0)
         seen = seen.__cause__ or seen.__context__
     return str(default)
+
+
+# The Orbax managers of Checkpointers not closed yet, by id: closed when the interpreter
+# exits. The managers only: a Checkpointer (its engine, plan and loader) is not kept alive.
+_unclosed: dict[int, tuple[ocp.CheckpointManager, pathlib.Path]] = {}
+_exit_hook = threading.Lock()
+_exit_hook_installed = False
+closing_at_exit = False  # set while that hook runs (tests wait for it)
+
+
+def _close_unclosed() -> None:
+    """Finish the saves in flight of the Checkpointers a single-process script left open
+    (errors are logged). With several processes they are left: a finalize waits for every
+    process, and one that died would hang the others."""
+    global closing_at_exit
+    closing_at_exit = True
+    for manager, directory in list(_unclosed.values()):
+        if jax.process_count() > 1:
+            log.warning(
+                "the Checkpointer of %s was not closed: a save still in flight, if any, is "
+                "lost. Close it (close() or `with`) before the script ends.",
+                directory,
+            )
+            continue
+        log.info("closing the Checkpointer of %s at exit (it was not closed)", directory)
+        try:
+            manager.wait_until_finished()
+            manager.close()
+        except Exception as e:
+            log.error(
+                "closing the Checkpointer of %s at exit: %s: %s", directory, type(e).__name__, e
+            )
+
+
+def _install_exit_hook() -> None:
+    """Close every open Checkpointer when the interpreter exits, before the thread pools
+    stop: a script that ended without ``close()`` (or ``with``) lost its last async save,
+    with "cannot schedule new futures after interpreter shutdown" tracebacks and exit 0
+    (Orbax's finalize runs in those pools). `threading._register_atexit` is the hook
+    `concurrent.futures` itself uses; its hooks run in reverse order, so this one, added
+    after the pools' own (registered on import), runs before they refuse new work."""
+    global _exit_hook_installed
+    with _exit_hook:
+        if _exit_hook_installed:
+            return
+        import concurrent.futures.thread  # noqa: F401 (registers the pools' hook first)
+
+        threading._register_atexit(_close_unclosed)  # type: ignore[attr-defined]
+        _exit_hook_installed = True
 
 
 class Checkpointer:
@@ -205,13 +308,15 @@ class Checkpointer:
         run_config: Any = None,
         **fields: Any,
     ):
+        known = [f.name for f in dataclasses.fields(CheckpointConfig)]
+        check_keywords("Checkpointer", known, fields, owner="jaxcore.CheckpointConfig")
         if config is None:
             config = CheckpointConfig(**fields)
         elif fields:
             config = dataclasses.replace(config, **fields)
         check_loader(loader, "Checkpointer(loader=...)")
         self.config = config
-        self.directory = pathlib.Path(os.fspath(config.directory)).absolute()
+        self.directory = pathlib.Path(os.fspath(config.directory)).expanduser().absolute()
         # A file where the folder (or one above it) should be was a bare NotADirectoryError
         # at the first save, after the first steps had run.
         there = next((p for p in (self.directory, *self.directory.parents) if p.exists()), None)
@@ -229,11 +334,12 @@ class Checkpointer:
         self.resumed_from: pathlib.Path | None = None
         self._closed = False
         self._warned_planless = False
-        self._mgr = ocp.CheckpointManager(
-            self.directory, item_names=_ITEMS, options=self._options()
-        )
+        self._warned_behind = False
+        self._mgr = _Manager(self.directory, item_names=_ITEMS, options=self._options())
         self._preemption = PreemptionWatch(install=config.save_on_sigterm)
         self._writer = WriterLock(self.directory)
+        _install_exit_hook()
+        _unclosed[id(self._mgr)] = (self._mgr, self.directory)
 
     def _options(self) -> ocp.CheckpointManagerOptions:
         cfg = self.config
@@ -247,13 +353,18 @@ class Checkpointer:
                 )
             )
         keep: list[Any] = [ocm.LatestN(cfg.keep_last)]
+        rank = None
         if cfg.keep_best:
             metric, worst = cfg.best_metric, math.inf if cfg.best_mode == "min" else -math.inf
+
+            def rank(m: dict[str, Any]) -> float:
+                return _rank_value(m, metric, worst)
+
             keep.append(
                 ocm.BestN(
                     # A NaN (a diverged step) or an absent metric ranks last: sorting with
                     # NaN keys is arbitrary and could delete the best step.
-                    get_metric_fn=lambda m: _rank_value(m, metric, worst),
+                    get_metric_fn=rank,
                     reverse=cfg.best_mode == "min",
                     n=cfg.keep_best,
                     keep_checkpoints_without_metrics=False,
@@ -262,6 +373,11 @@ class Checkpointer:
         return ocp.CheckpointManagerOptions(
             save_decision_policy=ocm.AnySavePolicy(save),
             preservation_policy=ocm.AnyPreservationPolicy(keep) if len(keep) > 1 else keep[0],
+            # Orbax writes a step's metrics (its ``metrics`` item, read back on every
+            # reload) only with ``best_fn`` set; without them a restart, or any
+            # `all_steps`, forgot the ranking and BestN deleted the best step.
+            best_fn=rank,
+            best_mode=cfg.best_mode,
             enable_async_checkpointing=cfg.async_save,
             # Leftover temporary directories are removed once the writer lock is ours
             # (`_claim_directory`): here they may be a live run's save in flight.
@@ -295,6 +411,14 @@ class Checkpointer:
     def latest_step(self) -> int | None:
         steps = self.all_steps()
         return steps[-1] if steps else None
+
+    def best_step(self) -> int | None:
+        """The finalized step with the best ``best_metric`` (``keep_best``; without it, the
+        latest step), e.g. to export: ``export_checkpoint(ckpt.step_dir(ckpt.best_step()),
+        ...)``. Steps saved without metrics rank after every step with them."""
+        self._mgr.reload()
+        best = self._mgr.best_step()
+        return self.latest_step() if best is None else best
 
     def step_dir(self, step: int) -> pathlib.Path:
         return self.directory / str(step)
@@ -338,6 +462,8 @@ class Checkpointer:
             else:
                 with sigint_deferred():  # Ctrl-C mid-save: the step completes first
                     saved = self._save(step, state, loader, metrics)
+        elif not self._warned_behind:
+            self._warn_if_behind(step)
         if preempted:
             self.close()
             msg = (
@@ -348,6 +474,24 @@ class Checkpointer:
             self._print(msg)
             raise Preempted(step)
         return saved
+
+    def _warn_if_behind(self, step: int) -> None:
+        """Orbax's policies save only steps after the newest one in the directory: a run
+        that started over there (no `restore_or_init`) or went back to an older step
+        saved nothing, silently, until it passed that step."""
+        newest = self._mgr.latest_step()
+        if newest is None or step >= newest:
+            return
+        self._warned_behind = True
+        msg = (
+            f"this run is at step {step}, behind the newest checkpoint "
+            f"{self.step_dir(newest)}: no step is saved until it passes step {newest} "
+            "(the policy saves only newer steps), and a rerun would resume from there, not "
+            "from this run. Resume with restore_or_init, use another "
+            "CheckpointConfig.directory, or save(force=True)."
+        )
+        log.warning(msg)
+        self._print(msg)
 
     def _claim_directory(self) -> None:
         if jax.process_index() != 0:
@@ -469,6 +613,7 @@ class Checkpointer:
         if self._closed:
             return
         self._closed = True
+        _unclosed.pop(id(self._mgr), None)
         errors: list[Exception] = []
         try:
             for finish in (self.wait, self._close_manager):

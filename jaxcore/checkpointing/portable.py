@@ -10,21 +10,35 @@ with several hosts no host, holds more than its part of a sharded parameter).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
+from collections.abc import Iterator
 from typing import Any
 
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.numpy import save_file
 
 from jaxcore import sharding as shd
 from jaxcore.errors import ConfigError
 
 SEP = "."
+
+
+def open_file_mode(path: str | os.PathLike) -> None:
+    """Give ``path`` the mode `open` gives a new file (0o666 less the umask).
+
+    safetensors writes its files 0600, so a file exported for a server or a colleague
+    running as another user could not be read. The umask is read back the way pip's
+    ``current_umask`` does (set, then restore at once).
+    """
+    umask = os.umask(0o022)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
 
 
 def _flat(tree: Any) -> dict[str, Any]:
@@ -48,7 +62,7 @@ def save_params(
     ``model_config`` (JSON-able fields of the model's config) makes the file a complete
     model that a server can load without being told its shape.
     """
-    path = pathlib.Path(path)
+    path = _path(path)
     tensors = {k: np.ascontiguousarray(jax.device_get(v)) for k, v in _flat(params).items()}
     axes = {(k or "").replace("/", SEP): v for k, v in (logical_axes or {}).items()}
     info = {
@@ -63,6 +77,7 @@ def save_params(
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_name(path.name + ".tmp")
         save_file(tensors, str(tmp), metadata={"format": "np", "jaxcore": json.dumps(info)})
+        open_file_mode(tmp)
         os.replace(tmp, path)
     return path
 
@@ -75,7 +90,7 @@ def export_checkpoint(step_dir: str | os.PathLike, path: str | os.PathLike) -> p
     """
     # Absolute: Orbax restores only from an absolute path (a relative one was its
     # ValueError, e.g. from `jaxcore export --hf runs/x/100 ...` or a registry register).
-    step_dir = pathlib.Path(step_dir).absolute()
+    step_dir = _path(step_dir).absolute()
     if not (step_dir / "meta" / "metadata").is_file():
         raise ConfigError(_not_a_step(step_dir))
     record = json.loads((step_dir / "meta" / "metadata").read_text())
@@ -106,6 +121,26 @@ def export_checkpoint(step_dir: str | os.PathLike, path: str | os.PathLike) -> p
         )
     axes = {k.removeprefix("params/"): v for k, v in (record.get("logical_axes") or {}).items()}
     return save_params(out["params"], path, logical_axes=axes, step=record.get("step"))
+
+
+def _path(path: str | os.PathLike) -> pathlib.Path:
+    """``path`` with ``~`` expanded (a shell does that for a command line, not for Python)."""
+    return pathlib.Path(path).expanduser()
+
+
+@contextlib.contextmanager
+def _open(path: str | os.PathLike) -> Iterator[Any]:
+    """``safe_open`` of ``path``; a file that is not safetensors is a `ConfigError`."""
+    path = _path(path)
+    try:
+        f = safe_open(str(path), framework="numpy")
+    except SafetensorError as e:
+        raise ConfigError(
+            f"{path} is not a safetensors file ({e}); pass a file written by "
+            "jaxcore.export_checkpoint or jaxcore.save_params, or any *.safetensors."
+        ) from None
+    with f:
+        yield f
 
 
 def _steps(directory: pathlib.Path) -> list[int]:
@@ -140,7 +175,7 @@ def _not_a_step(step_dir: pathlib.Path) -> str:
 
 def read_info(path: str | os.PathLike) -> dict[str, Any]:
     """The ``jaxcore`` metadata of a file written by `save_params` (``{}`` if foreign)."""
-    with safe_open(str(path), framework="numpy") as f:
+    with _open(path) as f:
         meta = f.metadata() or {}
     return json.loads(meta["jaxcore"]) if "jaxcore" in meta else {}
 
@@ -151,7 +186,7 @@ def read_params(path: str | os.PathLike) -> tuple[dict[str, Any], dict[str, Any]
     For tools without an engine (a server, a converter); `load_params` is the sharded way.
     """
     params: dict[str, Any] = {}
-    with safe_open(str(path), framework="numpy") as f:
+    with _open(path) as f:
         for name in f.keys():  # noqa: SIM118 (safe_open is not iterable)
             node = params
             *parents, leaf = name.split(SEP)
@@ -180,7 +215,7 @@ def load_params(path: str | os.PathLike, engine: Any) -> Any:
     )
     flat_abs = _flat(abstract)
     flat_sh = _flat(shardings)
-    with safe_open(str(path), framework="numpy") as f:
+    with _open(path) as f:
         names = set(f.keys())
         missing = sorted(set(flat_abs) - names)
         extra = sorted(names - set(flat_abs))
@@ -189,14 +224,21 @@ def load_params(path: str | os.PathLike, engine: Any) -> Any:
                 f"{path}: tensors {missing[:5]} are missing and {extra[:5]} are unknown "
                 f"to this model (expected names like {sorted(flat_abs)[:3]})."
             )
+        slices = {name: f.get_slice(name) for name in flat_abs}
+        wrong = [
+            f"{name} {tuple(sl.get_shape())} (the model: {tuple(flat_abs[name].shape)})"
+            for name, sl in slices.items()
+            if tuple(sl.get_shape()) != tuple(flat_abs[name].shape)
+        ]
+        if wrong:
+            raise ConfigError(
+                f"{path}: {len(wrong)} tensors have another shape than this model's: "
+                f"{', '.join(wrong[:5])}{', ...' if len(wrong) > 5 else ''}. Load it into "
+                "the model configuration it was saved from."
+            )
         out = {}
         for name, want in flat_abs.items():
-            sl = f.get_slice(name)
-            shape = tuple(sl.get_shape())
-            if shape != tuple(want.shape):
-                raise ConfigError(
-                    f"{path}: tensor {name} has shape {shape}, the model expects {want.shape}."
-                )
+            sl = slices[name]
             dtype = np.dtype(want.dtype)
             out[name] = jax.make_array_from_callback(
                 want.shape, flat_sh[name], lambda idx, sl=sl, dt=dtype: np.asarray(sl[idx], dt)

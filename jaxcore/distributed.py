@@ -30,13 +30,13 @@ import sys
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import jax
 
 from jaxcore.errors import ConfigError, JaxcoreError
 from jaxcore.lifeline import watch_lifeline
-from jaxcore.runtime import port_unavailable
+from jaxcore.runtime import PREEMPTION_EXIT_CODE, port_unavailable
 
 log = logging.getLogger(__name__)
 
@@ -174,11 +174,13 @@ def detect(
         if found is not None:
             layers.append(found)
             sources.append(found[0])
+    origin = {key: "arguments" for key, value in fields.items() if value is not None}
     for name, layer in layers:
         used = False
         for key, value in layer.items():
             if fields[key] is None and value is not None:
                 fields[key] = value
+                origin[key] = name
                 used = True
         if used and name not in sources:
             sources.append(name)
@@ -186,12 +188,67 @@ def detect(
     settings = ClusterSettings(
         **fields, source=source, cluster_detection_method=cluster_detection_method
     )
-    _validate(settings)
+    _validate(settings, origin)
     return settings
 
 
-def _validate(s: ClusterSettings) -> None:
-    if s.source.startswith("jax:") or not s.multi_process:
+# How each field is spelled where it came from, for error messages.
+_SPELLING = {
+    "arguments": {
+        "num_processes": "num_processes",
+        "process_id": "process_id",
+        "coordinator_address": "coordinator_address",
+    },
+    "JAXCORE_*": {
+        "num_processes": ENV_NUM_PROCESSES,
+        "process_id": ENV_PROCESS_ID,
+        "coordinator_address": ENV_COORDINATOR,
+    },
+    "torchrun": {
+        "num_processes": "WORLD_SIZE",
+        "process_id": "RANK",
+        "coordinator_address": "MASTER_ADDR:MASTER_PORT",
+    },
+}
+
+
+def _validate(s: ClusterSettings, origin: Mapping[str, str] | None = None) -> None:
+    if any(part.startswith("jax:") for part in s.source.split("+")):
+        return
+    origin = origin or {}
+
+    def spelled(field: str, where: str | None = None) -> str:
+        return _SPELLING.get(where or origin.get(field, ""), _SPELLING["arguments"])[field]
+
+    if s.num_processes is not None and s.num_processes < 1:
+        raise ConfigError(
+            f"initialize: {spelled('num_processes')}={s.num_processes}: the number of "
+            "processes must be >= 1."
+        )
+    if s.num_processes is None:
+        # A rank (or, by hand, a coordinator) without the count used to run as a single
+        # process: one rank of a hand-wired run training alone. torchrun's MASTER_ADDR and
+        # MASTER_PORT alone stay a single process (some containers preset them).
+        named = [
+            f
+            for f in ("process_id", "coordinator_address")
+            if getattr(s, f) is not None
+            and (f == "process_id" or origin.get(f) in ("arguments", "JAXCORE_*"))
+        ]
+        if named:
+            field, where = named[0], origin.get(named[0])
+            raise ConfigError(
+                f"initialize: {spelled(field)}={getattr(s, field)!r} is set (from {where}) "
+                "but the number of processes is not, so this process cannot tell which run "
+                f"it belongs to. Set {spelled('num_processes', where)} too (`jaxcore "
+                "launch` sets all three), or unset it for a single process."
+            )
+    if s.process_id is not None and not 0 <= s.process_id < (s.num_processes or 1):
+        raise ConfigError(
+            f"initialize: process_id={s.process_id} is outside 0..{(s.num_processes or 1) - 1} "
+            f"(num_processes={s.num_processes}, from {s.source})."
+        )
+    if not s.multi_process:
         return
     missing = [
         name
@@ -207,11 +264,6 @@ def _validate(s: ClusterSettings) -> None:
             f"{', '.join(missing)} is not set. Pass it, or set JAXCORE_COORDINATOR=host:port "
             "and JAXCORE_PROCESS_ID (torchrun: MASTER_ADDR, MASTER_PORT and RANK)."
         )
-    if not 0 <= s.process_id < s.num_processes:
-        raise ConfigError(
-            f"initialize: process_id={s.process_id} is outside 0..{s.num_processes - 1} "
-            f"(num_processes={s.num_processes}, from {s.source})."
-        )
     _split_address(s.coordinator_address)
 
 
@@ -220,6 +272,11 @@ def _split_address(address: str) -> tuple[str, int]:
     if not sep or not host or not port.isdigit():
         raise ConfigError(
             f"coordinator_address={address!r}: expected 'host:port', e.g. '10.0.0.2:8476'."
+        )
+    if not 1 <= int(port) <= 65535:
+        raise ConfigError(
+            f"coordinator_address={address!r}: port {int(port)} is outside 1..65535, e.g. "
+            "'10.0.0.2:8476'."
         )
     return host.strip("[]"), int(port)
 
@@ -268,15 +325,59 @@ def _watchdog(settings: ClusterSettings, timeout_s: float) -> threading.Timer:
     return timer
 
 
+class _RankExit(SystemExit):
+    """What `sys.exit` raises in a process of a multi-process run.
+
+    Python does not pass a `SystemExit` to ``sys.excepthook``, and an ``atexit`` function
+    cannot see the exit status, so `sys.exit(5)` would wait in JAX's shutdown barrier like
+    an uncaught exception did (`_exit_on_uncaught_error`). The exception is freed when it
+    is done with: either by the program that caught it (a frame of it is running then) or,
+    when it ends the program, by the interpreter after every frame has returned and before
+    the ``atexit`` functions. In that second case a non-zero status ends the process at once.
+    """
+
+    def __del__(self) -> None:
+        # A clean end, or a preempted one (every process saved the same step and exits
+        # 75 with the others): JAX's barrier is right, and so are the atexit functions
+        # (an unclosed Checkpointer's last save, a TraceWindow's trace).
+        if self.code in (None, 0, PREEMPTION_EXIT_CODE):
+            return
+        if sys._getframe(0).f_back is not None:  # caught (or dropped) by the program
+            return
+        if threading.current_thread() is not threading.main_thread():  # a thread ended
+            return
+        code = self.code
+        if not isinstance(code, int):  # Python prints a message status after this runs
+            with contextlib.suppress(OSError, ValueError):
+                print(code, file=sys.stderr)
+            code = 1
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(OSError, ValueError):
+                stream.flush()
+        logging.shutdown()
+        os._exit(code)
+
+
+def _rank_exit(status: Any = None, /) -> NoReturn:
+    """`sys.exit` in a process of a multi-process run: raises `_RankExit`."""
+    raise _RankExit(status)
+
+
 def _exit_on_uncaught_error() -> None:
-    """An uncaught exception ends this process at once, after its traceback.
+    """An uncaught exception, or `sys.exit` with a failure status, ends this process at
+    once (after the traceback; finally-blocks and with-blocks, a `Checkpointer`'s, have
+    run by then).
 
     A normal exit runs `jax.distributed.shutdown` (atexit), a barrier that the other
     processes, blocked in a collective that waits for this one, never reach: the failing
     process would hang until their collective timed out (30 s for gloo, longer on GPUs),
-    and the launcher would blame whichever rank timed out first. With-blocks (a
-    `Checkpointer`'s) have already exited when the hook runs.
+    and the launcher would blame whichever rank timed out first, with its code.
+    `sys.exit(0)` (or no status) and `sys.exit(75)` (preempted: every process saved and
+    exits) still wait there: the others may just be slower. Like an uncaught exception, a
+    failure status skips the atexit functions too: close a `Checkpointer` (or use it as
+    a with-block) before exiting with one.
     """
+    sys.exit = _rank_exit
     previous = sys.excepthook
 
     def hook(kind: type[BaseException], error: BaseException, tb: Any) -> None:

@@ -164,6 +164,14 @@ def process_env(
         env["CUDA_VISIBLE_DEVICES"] = ",".join(str(rank * k + i) for i in range(k))
     elif platform != "auto":
         raise ConfigError(f"platform={platform!r}: use 'cpu', 'gpu' or 'auto'.")
+    elif devices_per_process is not None:
+        # 'auto' leaves the devices to JAX: the count was ignored, and a 2 x 4 run trained
+        # on 2 CPU devices without a word.
+        raise ConfigError(
+            f"devices_per_process={devices_per_process} with platform 'auto': 'auto' lets "
+            "each process use what JAX finds, so the count cannot be applied. Choose "
+            "platform 'cpu' (K fake devices) or 'gpu' (K GPUs each) with it, or leave it out."
+        )
     with_malloc_tuning(env)
     return env
 
@@ -446,35 +454,76 @@ def tpu_pod_command(args: argparse.Namespace) -> str:
     )
 
 
+def _number(
+    kind: type, low: float, *, inclusive: bool = True, unit: str = "", high: float | None = None
+):
+    """An argparse type: a ``kind`` number >= ``low`` (> ``low`` unless ``inclusive``), so a
+    value that cannot work (``--init-timeout 0``: every rank would fail in
+    `jaxcore.initialize`) is a usage error before any rank starts."""
+    bound = f"{'>=' if inclusive else '>'} {low:g}{unit}"
+    if high is not None:
+        bound = f"{low:g}..{high:g}{unit}"
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            value = None
+        if value is None or value != value:  # not a number, or NaN
+            what = "a whole number" if kind is int else "a number"
+            raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
+        if value < low or (value == low and not inclusive) or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"must be {bound}, got {text}")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in its own messages
+    return parse
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="jaxcore launch",
         description="Run a script as N local processes of one JAX run, or print the "
         "Slurm / TPU-pod commands for it.",
     )
-    p.add_argument("-n", "--num-processes", type=int, default=2, help="processes (per node)")
+    p.add_argument(
+        "-n", "--num-processes", type=_number(int, 1), default=2, help="processes (per node)"
+    )
     p.add_argument(
         "--devices-per-process",
-        type=int,
+        type=_number(int, 1),
         default=None,
         help="CPU: fake devices per process; GPU: GPUs per process (default 1)",
     )
     p.add_argument("--platform", choices=("cpu", "gpu", "auto"), default="cpu")
     p.add_argument("--host", default="127.0.0.1", help="coordinator host (local runs)")
-    p.add_argument("--port", type=int, default=None, help="coordinator port (default: free)")
     p.add_argument(
-        "--init-timeout", type=float, default=120.0, help="seconds to wait for the coordinator"
+        "--port",
+        type=_number(int, 0, high=65535),
+        default=None,
+        help="coordinator port (default or 0: a free one)",
     )
-    p.add_argument("--timeout", type=float, default=None, help="seconds for the whole run")
+    p.add_argument(
+        "--init-timeout",
+        type=_number(float, 0, inclusive=False, unit=" s"),
+        default=120.0,
+        help="seconds to wait for the coordinator",
+    )
+    p.add_argument(
+        "--timeout",
+        type=_number(float, 0, inclusive=False, unit=" s"),
+        default=None,
+        help="seconds for the whole run",
+    )
     p.add_argument(
         "--grace",
-        type=float,
+        type=_number(float, 0, unit=" s"),
         default=5.0,
         help="when a rank fails: seconds between SIGTERM and SIGKILL for the others",
     )
     p.add_argument(
         "--sigterm-grace",
-        type=float,
+        type=_number(float, 0, unit=" s"),
         default=SIGTERM_GRACE_S,
         help="when the launcher gets SIGTERM: seconds the ranks get to save and exit "
         f"(they exit {PREEMPTION_EXIT_CODE}, and so does the launcher)",
@@ -485,7 +534,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--print-tpu-pod", action="store_true", help="print the gcloud TPU-pod command and exit"
     )
-    p.add_argument("--nodes", type=int, default=2, help="Slurm nodes (--print-slurm)")
+    p.add_argument("--nodes", type=_number(int, 1), default=2, help="Slurm nodes (--print-slurm)")
     p.add_argument("--job-name", default="jaxcore", help="Slurm job name")
     p.add_argument("--time", default="01:00:00", help="Slurm time limit")
     p.add_argument("--tpu-name", default="my-tpu-pod", help="TPU VM name (--print-tpu-pod)")
@@ -536,6 +585,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.print_tpu_pod:
         sys.stdout.write(tpu_pod_command(args))
         return 0
+    if not args.module and not os.path.exists(args.script):
+        # Every rank would print Python's "can't open file" and the launcher would report
+        # rank 0 as failed; one line says it before any rank starts.
+        print(
+            f"jaxcore launch: {args.script}: no such file or directory (from "
+            f"{os.getcwd()}). Give the script's path, or -m package.module for a module.",
+            file=sys.stderr,
+        )
+        return 2
     target = ["-m", args.module] if args.module else [args.script]
     command = [sys.executable, "-u", *target, *args.script_args]
     previous = None

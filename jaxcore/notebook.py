@@ -58,6 +58,22 @@ def notebook_launcher(
     """
     if num_processes < 1:
         raise ConfigError(f"notebook_launcher(num_processes={num_processes}): must be >= 1.")
+    if devices_per_process is not None and devices_per_process < 1:
+        # 0 used to mean the default (one device), -1 a crash in every rank's XLA client.
+        raise ConfigError(
+            f"notebook_launcher(devices_per_process={devices_per_process}): must be >= 1 "
+            "(or None: one device per process)."
+        )
+    for name, seconds in (("timeout_s", timeout_s), ("init_timeout_s", init_timeout_s)):
+        if seconds is not None and seconds <= 0:
+            raise ConfigError(f"notebook_launcher({name}={seconds}): must be > 0 seconds.")
+    if not isinstance(args, (tuple, list)):
+        # `args=(20)` is the int 20, and `args=("data.txt")` a string that would be spread
+        # into one argument per character; accelerate's notebook_launcher takes a tuple too.
+        raise ConfigError(
+            f"notebook_launcher(args={args!r}): args is the tuple of fn's positional "
+            f"arguments; for one argument write args=({args!r},), with the comma."
+        )
     import cloudpickle  # a dependency of grain; imported here so `import jaxcore` never needs it
 
     with tempfile.TemporaryDirectory(prefix="jaxcore-nb-") as tmp:

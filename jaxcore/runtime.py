@@ -90,6 +90,8 @@ def port_unavailable(port: int) -> str | None:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind(("", port))
+        except OverflowError:  # bind() says it so, not as an OSError
+            return f"port {port} is outside 0..65535"
         except OSError as e:
             return f"port {port} is in use ({e.strerror})"
     return None

@@ -7,6 +7,7 @@ import dataclasses
 import jax.numpy as jnp
 
 import jaxcore as jc
+from jaxcore.errors import check_keywords
 from jaxcore.sharding import DEFAULT_RULES, Rules
 
 QUANT_MODES = (None, "int8", "int8-smooth")
@@ -57,6 +58,23 @@ class ServingConfig:
     pages: int | None = None
     prefix_caching: bool = True
     seed: int = 0
+
+    def __new__(cls, *args: object, **kwargs: object) -> ServingConfig:
+        # A mistyped setting (or vLLM's name for one) is a ConfigError naming the one
+        # meant, not a TypeError, as jc.ParallelConfig and SamplingParams answer.
+        tensor, data = kwargs.get("tensor_parallel_size"), kwargs.get("data_parallel_size")
+        hints = {
+            "max_model_len": "use max_len (positions per slot, prompt + completion).",
+            "max_num_seqs": "use slots (sequences decoded together).",
+            "enable_prefix_caching": "use prefix_caching (with kv_cache='paged').",
+            "block_size": "use page_size (with kv_cache='paged').",
+            "quantization": "use quantize ('int8' or 'int8-smooth').",
+            "tensor_parallel_size": f"use parallel=jc.ParallelConfig(tensor={tensor}, fsdp=1).",
+            "data_parallel_size": f"use parallel=jc.ParallelConfig(data={data}, fsdp=1).",
+        }
+        known = [f.name for f in dataclasses.fields(cls)]
+        check_keywords("ServingConfig", known, kwargs, hints, owner="inference.ServingConfig")
+        return super().__new__(cls)
 
     def __post_init__(self) -> None:
         if not isinstance(self.slots, int) or self.slots < 1:

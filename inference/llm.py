@@ -102,6 +102,13 @@ class LLM:
         queue_size: int = 256,
         seed: int = 0,
     ):
+        quantize = (engine or ServingConfig()).quantize
+        if calibration and quantize != "int8-smooth":  # it was dropped without a word
+            raise jc.ConfigError(
+                f"LLM: calibration= sets SmoothQuant scales, which only "
+                f"ServingConfig(quantize='int8-smooth') uses; with quantize={quantize!r} it "
+                "would be ignored. Drop it, or ask for quantize='int8-smooth'."
+            )
         resolved = resolve_model(model, config=config, seed=seed)
         cfg, params = resolved.config, resolved.params
         self.tokenizer = load_tokenizer(tokenizer or resolved.tokenizer_path)

@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
+import errno
 import json
 import logging
 import pathlib
+import socket
 import sys
 import threading
 import time
@@ -33,6 +36,7 @@ from fastapi import Request as HTTPRequest
 from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException
 
+import jaxcore as jc
 from inference import openai_format as fmt
 from inference.llm import LLM
 from inference.protocol import (
@@ -138,13 +142,19 @@ class OpenAIServer:
         self.lineage = lineage  # where the weights came from (registry), in /v1/models
         self.tok = llm.tokenizer
         self.model_name = model_name
+        limits = {
+            "max_tokens_limit": max_tokens_limit,
+            "max_request_bytes": max_request_bytes,
+            "max_sequences_per_request": max_sequences_per_request,
+        }
+        for name, value in limits.items():  # 0 was "no limit" or refused every request
+            if value is None and name == "max_tokens_limit":
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                flag = "--" + name.replace("_", "-")
+                raise jc.ConfigError(f"{name}={value!r}: must be an integer >= 1 ({flag}).")
         self.max_tokens_limit = max_tokens_limit or llm.scheduler.max_len
         self.max_request_bytes = max_request_bytes
-        if not isinstance(max_sequences_per_request, int) or max_sequences_per_request < 1:
-            raise ValueError(
-                f"max_sequences_per_request={max_sequences_per_request!r}: must be an integer "
-                ">= 1 (--max-sequences-per-request)."
-            )
         self.max_sequences = max_sequences_per_request
         self.created = int(time.time())
         self.http_counts: dict[tuple[str, int], int] = {}
@@ -849,66 +859,125 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--tensor", type=int, default=1, help="tensor-parallel ways")
     p.add_argument("--data", type=int, default=1, help="data-parallel ways (slots split over them)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--log-level", default="info")
+    p.add_argument(  # uvicorn's levels ("trace" below debug)
+        "--log-level",
+        default="info",
+        type=str.lower,
+        choices=["critical", "error", "warning", "info", "debug", "trace"],
+    )
     return p
 
 
+def _listen(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` (``SO_REUSEADDR``, as uvicorn binds), before the
+    model loads: vLLM binds its port before it builds the engine too, so a taken port is
+    said at once, not after minutes of loading and compiling."""
+    if not 0 <= port <= 65535:
+        raise jc.ConfigError(f"--port {port} is not a TCP port; pass one in 0-65535.")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        if e.errno == errno.EADDRINUSE:
+            hint = "stop what holds it (another jaxcore serve?) or pick another --port."
+        elif e.errno == errno.EACCES:
+            hint = "ports below 1024 need privileges; pick another --port."
+        else:  # a name that does not resolve, an address of another machine
+            hint = "pass an address of this machine as --host (127.0.0.1, 0.0.0.0, ::)."
+        raise jc.ConfigError(f"cannot listen on {host}:{port} ({e.strerror or e}); {hint}") from e
+    return sock
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """``jaxcore serve``: load, compile every bucket, then serve until interrupted."""
+    """``jaxcore serve``: bind the port, load, compile every bucket, then serve until
+    interrupted."""
     import uvicorn
 
-    import jaxcore as jc
     from inference.config import ServingConfig
 
     args = _parser().parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper())
-    try:  # a user's mistake (a path, a name, a config key) is one line, as jaxcore rlhf's
-        parallel = None
-        if args.tensor > 1 or args.data > 1:
-            parallel = jc.ParallelConfig(data=args.data, tensor=args.tensor, fsdp=1)
-        engine = ServingConfig(
-            slots=args.slots,
-            max_len=args.max_len,
-            decode_steps=args.decode_steps,
-            dtype=args.dtype,
-            quantize=args.quantize,
-            parallel=parallel,
-            seed=args.seed,
-        )
-        config = None
-        if args.config:
-            config = config_from_json(pathlib.Path(args.config))
-        llm = LLM(
-            args.model,
-            config=config,
-            engine=engine,
-            tokenizer=args.tokenizer,
-            queue_size=args.queue_size,
-            seed=args.seed,
-        )
+    # uvicorn's "trace" is level 5, which logging only knows once uvicorn.config names it
+    logging.basicConfig(level=5 if args.log_level == "trace" else args.log_level.upper())
+    limits = {
+        "--max-tokens-limit": args.max_tokens_limit,
+        "--max-request-bytes": args.max_request_bytes,
+        "--max-sequences-per-request": args.max_sequences_per_request,
+        "--queue-size": args.queue_size,
+    }
+    for flag, value in limits.items():  # before the load: each one's mistake shows at once
+        if value is not None and value < 1:
+            print(f"jaxcore serve: {flag} {value}: must be an integer >= 1.", file=sys.stderr)
+            return 2
+    try:
+        sock = _listen(args.host, args.port)
     except jc.ConfigError as e:
         print(f"jaxcore serve: {e}", file=sys.stderr)
         return 2
-    log.info("compiling %d prefill buckets and the decode step", len(llm.engine.buckets))
-    llm.engine.warmup()
-    name = args.served_model_name or str(args.model)
-    lineage = None
-    if str(args.model).startswith("registry:"):  # a registered version reports its lineage
-        from jaxcore.experiments.registry import resolve
-
-        lineage = resolve(str(args.model)).lineage
-    app = create_app(
-        llm,
-        model_name=name,
-        max_tokens_limit=args.max_tokens_limit,
-        max_request_bytes=args.max_request_bytes,
-        max_sequences_per_request=args.max_sequences_per_request,
-        lineage=lineage,
-        tokenizer_info=args.enable_tokenizer_info_endpoint,
-    )
-    log.info("serving %s on http://%s:%d/v1", name, args.host, args.port)
+    llm = None
     try:
-        uvicorn.run(app, host=args.host, port=args.port, log_level=args.log_level.lower())
+        try:  # a user's mistake (a path, a name, a config key) is one line, as jaxcore rlhf's
+            parallel = None
+            if args.tensor > 1 or args.data > 1:
+                parallel = jc.ParallelConfig(data=args.data, tensor=args.tensor, fsdp=1)
+            engine = ServingConfig(
+                slots=args.slots,
+                max_len=args.max_len,
+                decode_steps=args.decode_steps,
+                dtype=args.dtype,
+                quantize=args.quantize,
+                parallel=parallel,
+                seed=args.seed,
+            )
+            config = None
+            if args.config:
+                config = config_from_json(pathlib.Path(args.config))
+            llm = LLM(
+                args.model,
+                config=config,
+                engine=engine,
+                tokenizer=args.tokenizer,
+                queue_size=args.queue_size,
+                seed=args.seed,
+            )
+            log.info("compiling %d prefill buckets and the decode step", len(llm.engine.buckets))
+            llm.engine.warmup()
+        except jc.ConfigError as e:
+            print(f"jaxcore serve: {e}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:  # Ctrl-C: one line, as jaxcore run / jaxcore rlhf say it
+            print(
+                "jaxcore serve: interrupted (Ctrl-C) while loading and compiling the model; "
+                "nothing was served.",
+                file=sys.stderr,
+            )
+            return 130
+        name = args.served_model_name or str(args.model)
+        lineage = None
+        if str(args.model).startswith("registry:"):  # a registered version reports its lineage
+            from jaxcore.experiments.registry import resolve
+
+            lineage = resolve(str(args.model)).lineage
+        app = create_app(
+            llm,
+            model_name=name,
+            max_tokens_limit=args.max_tokens_limit,
+            max_request_bytes=args.max_request_bytes,
+            max_sequences_per_request=args.max_sequences_per_request,
+            lineage=lineage,
+            tokenizer_info=args.enable_tokenizer_info_endpoint,
+        )
+        host, port = sock.getsockname()[:2]  # the port --port 0 was given
+        shown = f"[{args.host}]" if ":" in args.host else args.host  # an IPv6 address
+        log.info("serving %s on http://%s:%d/v1 (Ctrl-C to stop)", name, shown, port)
+        config = uvicorn.Config(app, host=host, port=port, log_level=args.log_level.lower())
+        # uvicorn re-raises the Ctrl-C it shut down on; uvicorn.run swallows it too
+        with contextlib.suppress(KeyboardInterrupt):
+            uvicorn.Server(config).run(sockets=[sock])
     finally:
-        llm.close()
+        sock.close()
+        if llm is not None:
+            llm.close()
     return 0

@@ -22,6 +22,7 @@ import numpy as np
 from flax import nnx
 
 import jaxcore as jc
+from jaxcore.errors import hub_name_hint
 from jaxcore.models import Transformer, TransformerConfig
 
 log = logging.getLogger(__name__)
@@ -46,6 +47,48 @@ def init_params(cfg: TransformerConfig, seed: int = 0) -> dict[str, Any]:
     return jax.tree.map(np.asarray, init())
 
 
+def check_params_fit(
+    cfg: TransformerConfig, params: dict[str, Any], source: str, hint: str
+) -> None:
+    """A `ConfigError` naming the first parameter whose shape (or presence) is not what
+    ``cfg`` builds: a config of another size was taken, and failed later in pjit's
+    shardings or in the first request's prefill, or served a d_ff it did not say."""
+    abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
+    want = {
+        _key(path): tuple(leaf.shape)
+        for path, leaf in jax.tree_util.tree_flatten_with_path(
+            nnx.to_pure_dict(nnx.split(abstract, nnx.Param, ...)[1])
+        )[0]
+    }
+    got = {
+        _key(path): tuple(np.shape(leaf))
+        for path, leaf in jax.tree_util.tree_flatten_with_path(params)[0]
+    }
+    fields = ", ".join(
+        f"{f.name}={getattr(cfg, f.name)}"
+        for f in dataclasses.fields(cfg)
+        if f.name in ("vocab_size", "d_model", "n_layers", "n_heads", "n_kv_heads", "d_ff")
+    )
+    problem = None
+    missing, extra = sorted(set(want) - set(got)), sorted(set(got) - set(want))
+    if missing or extra:
+        problem = f"parameters {missing} are missing and {extra} unexpected"
+    else:
+        for key, shape in want.items():
+            if got[key] != shape:
+                problem = f"{key!r} has shape {got[key]} but the config needs {shape}"
+                break
+    if problem:
+        raise jc.ConfigError(
+            f"model: the weights ({source}) do not fit TransformerConfig({fields}, ...): "
+            f"{problem}. {hint}"
+        )
+
+
+def _key(path: tuple[Any, ...]) -> str:
+    return "/".join(str(getattr(k, "key", getattr(k, "idx", k))) for k in path)
+
+
 def build_model(cfg: TransformerConfig, params: dict[str, Any]) -> Transformer:
     """A `Transformer` holding ``params`` (no initialisation is run)."""
     abstract = nnx.eval_shape(lambda: Transformer(cfg, rngs=nnx.Rngs(0)))
@@ -68,23 +111,16 @@ def load_safetensors(
     The model's config comes from ``config``, else the file's metadata, else a
     ``config.json`` of `TransformerConfig` fields beside the file.
     """
-    path = Path(path)
+    given, path = path, Path(path)
     folder = path if path.is_dir() else path.parent
     if path.is_dir():
         path = path / "model.safetensors"
     if not path.is_file():
-        spec = str(path)
-        # as jaxcore.load_tokenizer says for a tokenizer: nothing is downloaded
-        hub = (
-            " It looks like a Hugging Face Hub name: nothing is downloaded, so fetch it first "
-            f"(huggingface_hub.snapshot_download({spec!r})) and pass the folder."
-            if spec.count("/") == 1 and not spec.startswith((".", "/")) and not folder.exists()
-            else ""
-        )
         raise jc.ConfigError(
             f"model: {path} does not exist. Pass a .safetensors file written by "
             "inference.save_safetensors or jc.export_checkpoint, a Hugging Face "
-            f"save_pretrained folder, or one of the registry names {sorted(REGISTRY)}.{hub}"
+            f"save_pretrained folder, or one of the registry names {sorted(REGISTRY)}."
+            f"{hub_name_hint(given)}"
         )
     params, info = jc.read_params(path)
     if not info.get("model_config") and _is_hf_dir(folder):
@@ -95,11 +131,22 @@ def load_safetensors(
             "config.json, tokenizer and generation config are read."
         )
     if config is not None:
+        hint = (
+            "The file carries its own config: drop config= (--config)."
+            if info.get("model_config")
+            else "Pass the config the weights were exported with (config= or --config)."
+        )
+        check_params_fit(config, params, str(path), hint)
         return config, params
     if info.get("model_config"):
-        return TransformerConfig(**info["model_config"]), params
+        cfg = TransformerConfig(**info["model_config"])
+        check_params_fit(cfg, params, str(path), "The config in its metadata is not theirs.")
+        return cfg, params
     if (folder / "config.json").is_file():
-        return config_from_json(folder / "config.json"), params
+        cfg = config_from_json(folder / "config.json")
+        hint = f"Correct {folder / 'config.json'} (or pass config=, --config)."
+        check_params_fit(cfg, params, str(path), hint)
+        return cfg, params
     raise jc.ConfigError(
         f"model: {path} does not say its model config (jc.export_checkpoint files do not); "
         "pass config=TransformerConfig(...) (or --config for the server), or put a "
@@ -220,6 +267,9 @@ def resolve_model(
                 "model: params were passed without config=TransformerConfig(...); the shapes "
                 "alone do not say the rotary base or norm epsilon."
             )
+        check_params_fit(
+            config, source, "params", "Pass the TransformerConfig they were trained with."
+        )
         return ResolvedModel(config, source)
     if isinstance(source, str | Path):
         text = str(source)

@@ -98,10 +98,14 @@ def _forget_new_store(store: Any, path: pathlib.Path | None, workdir: str) -> No
 
     try:
         uuid = store.uuid if path is not None else None
+        # This command's refused loop recorded nothing (its first turn is one transaction),
+        # so an experiment or model here is another command's that opened the same new
+        # file meanwhile (two creates in a fresh folder): the store is theirs now.
+        used = path is not None and bool(store.experiments() or store.models())
     except Exception:  # the store never got that far
-        uuid = None
+        uuid, used = None, False
     store.close()
-    if path is None:
+    if path is None or used:
         return
     mark = pathlib.Path(workdir) / WORKDIR_MARK
     with contextlib.suppress(OSError, ValueError):  # no binding was written
@@ -415,7 +419,12 @@ def _train(args: argparse.Namespace) -> int:
 
     config = _config(args)
     s = config.searcher
-    single = dataclasses.replace(s, name="single")
+    length = {}
+    if s.name == "pbt" and s.length is None:
+        # PBT has no max_length: one trial trains what a member that survives every
+        # round does (the example pbt_tiny_lm.yaml was refused for a key it need not have).
+        length = {"max_length": s.num_rounds * s.length_per_round}
+    single = dataclasses.replace(s, name="single", **length)
     config = dataclasses.replace(config, searcher=single)
     from jaxcore.experiments.runner import check_entrypoint
 
@@ -514,6 +523,14 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     try:
         return int(args.fn(args) or 0)
+    except BrokenPipeError:
+        # `jaxcore model describe NAME | head`: the reader left. End quietly, as rich does
+        # for the tables (status 1); stdout goes to /dev/null so the exit's flush of what
+        # is still buffered cannot raise again (Python's docs, "Note on SIGPIPE").
+        with contextlib.suppress(OSError, ValueError):
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, sys.stdout.fileno())
+        return 1
     except JaxcoreError as e:
         print(f"jaxcore {args.group}: {e}", file=sys.stderr)
         return 2

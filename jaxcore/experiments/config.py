@@ -449,7 +449,8 @@ class ExperimentConfig:
     Attributes:
         name: shown in ``experiment list``.
         entrypoint: ``module:function`` or ``path/file.py:function`` taking a
-            `TrialContext` (or a `Trial` subclass, whose ``run(ctx)`` is called).
+            `TrialContext` (or a `Trial` subclass: its ``run(self)`` is called, with the
+            context as ``self.ctx``).
         hyperparameters: the space (`Param`s).
         searcher: `SearcherConfig`.
         max_restarts: how often a failing trial is restarted from its latest checkpoint
@@ -532,6 +533,62 @@ def _section(cls: type, raw: Any, field: str, **extra: Any) -> Any:
     return cls(**kw, **extra)
 
 
+def _parse_environment(raw: Any) -> dict[str, str]:
+    """``environment:`` -> ``{NAME: value}``: strings and numbers (as written); a null
+    (``FOO:``) was the string "None" and a boolean "True", so they are refused, as Docker
+    Compose refuses them, saying how to quote the value."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise _err(
+            "environment",
+            f"a mapping of variable names to values, not {type(raw).__name__} {raw!r}; "
+            "write e.g. environment: {XLA_FLAGS: '--xla_dump_to=/tmp/dump', SEED: 3}.",
+        )
+    out = {}
+    for name, value in raw.items():
+        if value is None:
+            raise _err(
+                f"environment.{name}",
+                "null (nothing after the colon); write the value, or '' for an empty one.",
+            )
+        if isinstance(value, bool):
+            raise _err(
+                f"environment.{name}",
+                f"{value!r} is a YAML boolean; quote the string the process should see, "
+                f"e.g. '{str(value).lower()}' or '1'.",
+            )
+        if not isinstance(value, (str, int, float)):
+            raise _err(
+                f"environment.{name}",
+                f"{value!r}: a value is a string or a number; quote it as one string.",
+            )
+        out[str(name)] = str(value)
+    return out
+
+
+def _sqlite_file_url(url: Any, *, absolute: bool = False) -> Any:
+    """A ``sqlite:///PATH`` URL with ``~`` in PATH expanded (and, with ``absolute``, PATH
+    made absolute from the CWD); any other value as it is."""
+    if not isinstance(url, str) or not url.startswith("sqlite:///"):
+        return url
+    path = url.removeprefix("sqlite:///")
+    if not path or path.startswith(":memory:"):
+        return url
+    path = os.path.expanduser(path)
+    return "sqlite:///" + (os.path.abspath(path) if absolute else path)
+
+
+def _expand_entrypoint(entry: str, *, absolute: bool = False) -> str:
+    """A ``file.py:function`` entrypoint with ``~`` expanded (and, with ``absolute``, its
+    file made absolute from the CWD); a ``module:function`` one as it is."""
+    path, sep, fn = entry.rpartition(":")
+    if not sep or not path.endswith(".py"):
+        return entry
+    path = os.path.expanduser(path)
+    return f"{os.path.abspath(path) if absolute else path}:{fn}"
+
+
 def parse_config(raw: dict[str, Any], *, base_dir: str | None = None) -> ExperimentConfig:
     """A dict (as read from YAML) -> validated `ExperimentConfig`."""
     if not isinstance(raw, dict):
@@ -545,8 +602,24 @@ def parse_config(raw: dict[str, Any], *, base_dir: str | None = None) -> Experim
             raise _err(key, "missing.")
     if not isinstance(raw["searcher"], dict) or "name" not in raw["searcher"]:
         raise _err("searcher.name", f"missing; use one of {SEARCHERS}.")
-    workdir = str(raw.get("workdir", "experiments"))
-    entry = str(raw["entrypoint"])
+    workdir = raw.get("workdir", "experiments")
+    if workdir is None or not str(workdir).strip():
+        # YAML reads `workdir:` and `workdir: ~` as null, which str() made a folder "None".
+        raise _err(
+            "workdir",
+            "empty (YAML reads `workdir:` and a bare `workdir: ~` as null); write a folder, "
+            "e.g. experiments, or ~/experiments for one under your home folder.",
+        )
+    # `~` is the home folder, as a shell reads it (not a folder named "~" in the CWD).
+    workdir = os.path.expanduser(str(workdir))
+    entry = _expand_entrypoint(str(raw["entrypoint"]))
+    searcher = raw["searcher"]
+    if "optuna_storage" in searcher:
+        # A SQLite study file absolute from the CWD (`~` the home folder), as the store's
+        # URL is: the searcher snapshot pickles the study with this URL, and a resume may
+        # run in another folder.
+        url = _sqlite_file_url(searcher["optuna_storage"], absolute=True)
+        searcher = {**searcher, "optuna_storage": url}
     if base_dir is not None:
         if not os.path.isabs(workdir):
             workdir = os.path.join(base_dir, workdir)
@@ -556,9 +629,9 @@ def parse_config(raw: dict[str, Any], *, base_dir: str | None = None) -> Experim
     return ExperimentConfig(
         name=raw["name"],
         entrypoint=entry,
-        description=str(raw.get("description", "")),
+        description=str(raw.get("description") or ""),
         hyperparameters=parse_hparams(raw.get("hyperparameters")),
-        searcher=_section(SearcherConfig, raw["searcher"], "searcher"),
+        searcher=_section(SearcherConfig, searcher, "searcher"),
         max_restarts=raw.get("max_restarts", 5),
         trial_timeout=raw.get("trial_timeout"),
         checkpoint_storage=_section(
@@ -568,7 +641,7 @@ def parse_config(raw: dict[str, Any], *, base_dir: str | None = None) -> Experim
         early_stopping=_section(EarlyStoppingConfig, raw.get("early_stopping"), "early_stopping"),
         workdir=workdir,
         database=raw.get("database"),
-        environment={str(k): str(v) for k, v in (raw.get("environment") or {}).items()},
+        environment=_parse_environment(raw.get("environment")),
     )
 
 
@@ -603,9 +676,41 @@ def load_config(path: str | os.PathLike, overrides: dict | None = None) -> Exper
             "mapping; write name:, entrypoint:, hyperparameters:, searcher: (see "
             "configs/experiments/)."
         )
-    raw = dict(raw or {})
+    if raw is None:  # nothing but comments, or nothing at all
+        raise ConfigError(
+            f"experiment config {path}: the file is empty; write name:, entrypoint:, "
+            "hyperparameters:, searcher: (see configs/experiments/)."
+        )
+    raw = dict(raw)
     raw.update(overrides or {})
-    return parse_config(raw)
+    config = parse_config(raw)
+    _check_max_trials_applies(config, raw.get("searcher") or {})
+    return config
+
+
+def _check_max_trials_applies(config: ExperimentConfig, raw_searcher: dict) -> None:
+    """Refuse ``max_trials`` written for a searcher whose trial count is set otherwise (a
+    grid of 9 points with ``max_trials: 2`` ran 9 trials without a word); Determined's
+    grid, single and PBT searchers have no such field either. Only for the YAML a user
+    writes: a config already in a store (its resume) reads as it did."""
+    name = config.searcher.name
+    if "max_trials" not in raw_searcher or name not in ("grid", "single", "pbt"):
+        return
+    if name == "grid":
+        points = math.prod(len(p.grid()) for p in config.hyperparameters)
+        what = (
+            f"the grid searcher runs one trial per grid point ({points} here: the product "
+            "of the ranges' `count`s and the categoricals' choices); remove max_trials, or "
+            "change the counts"
+        )
+    elif name == "single":
+        what = "the single searcher runs one trial; remove it (random runs max_trials)"
+    else:
+        what = (
+            "PBT runs population_size trials, and replaces the worst of them each of its "
+            "num_rounds rounds; remove max_trials and set population_size"
+        )
+    raise _err("searcher.max_trials", f"{what}.")
 
 
 def to_dict(config: ExperimentConfig) -> dict[str, Any]:
@@ -625,9 +730,14 @@ def to_dict(config: ExperimentConfig) -> dict[str, Any]:
         hparams[p.name] = spec
     searcher = dataclasses.asdict(config.searcher)
     searcher["bracket_rungs"] = list(config.searcher.bracket_rungs)
+    # The study's SQLite file absolute too, for the same reason as the entrypoint's.
+    searcher["optuna_storage"] = _sqlite_file_url(searcher["optuna_storage"], absolute=True)
     return {
         "name": config.name,
-        "entrypoint": config.entrypoint,
+        # Absolute, as the workdir: a relative file is read from the CWD of the command
+        # that created the experiment, and `experiment resume ID --db URL` (what Ctrl-C
+        # prints) may run anywhere.
+        "entrypoint": _expand_entrypoint(config.entrypoint, absolute=True),
         "description": config.description,
         "hyperparameters": hparams,
         "searcher": searcher,

@@ -43,6 +43,7 @@ import pickle
 import shutil
 import signal
 import socket
+import threading
 import time
 from typing import Any
 
@@ -51,7 +52,14 @@ from jaxcore.experiments.config import ExperimentConfig, parse_config, to_dict
 from jaxcore.experiments.early_stopping import EarlyStopping
 from jaxcore.experiments.retention import apply_retention
 from jaxcore.experiments.searchers import Continue, Create, SearchMethod, Stop, make_searcher
-from jaxcore.experiments.store import EXPERIMENT_DONE, TERMINAL, Store, now, safe_url
+from jaxcore.experiments.store import (
+    EXPERIMENT_DONE,
+    TERMINAL,
+    Store,
+    file_in_the_way,
+    now,
+    safe_url,
+)
 from jaxcore.experiments.trial_context import FINISHED_MARK, PREEMPTED, trial_dir
 from jaxcore.experiments.trial_executors import (
     InlineTrialExecutor,
@@ -117,23 +125,48 @@ def bind_workdir(workdir: str, store: Store) -> None:
     """
     mark = pathlib.Path(workdir) / WORKDIR_MARK
     mine = {"store_uuid": store.uuid, "store": safe_url(store.url)}
-    if mark.exists():
-        try:
-            theirs = json.loads(mark.read_text())
-        except (OSError, ValueError):
-            theirs = {}
-        if theirs.get("store_uuid") not in (None, mine["store_uuid"]):
-            raise ConfigError(
-                f"workdir {workdir} belongs to the store {theirs.get('store')} "
-                f"(id {theirs.get('store_uuid')}), but this run uses the store "
-                f"{mine['store']} (id {mine['store_uuid']}). Use that store (--db or "
-                "JAXCORE_DB), or give this experiment another workdir."
-            )
-        if theirs.get("store_uuid") == mine["store_uuid"]:
+    while True:
+        if mark.exists():
+            try:
+                theirs = json.loads(mark.read_text())
+            except (OSError, ValueError):
+                theirs = {}
+            if theirs.get("store_uuid") not in (None, mine["store_uuid"]):
+                raise ConfigError(
+                    f"workdir {workdir} belongs to the store {theirs.get('store')} "
+                    f"(id {theirs.get('store_uuid')}), but this run uses the store "
+                    f"{mine['store']} (id {mine['store_uuid']}). Use that store (--db or "
+                    "JAXCORE_DB), or give this experiment another workdir."
+                )
+            if theirs.get("store_uuid") == mine["store_uuid"]:
+                return
+            # A mark without a store id (unreadable, or an older one): this store takes it.
+            _write_mark(mark, mine, replace=True)
             return
-    tmp = mark.with_suffix(f".tmp-{os.getpid()}")
+        # No mark yet: claim it with a hard link, which fails if another command (another
+        # store) made one since the look above; that one then owns the workdir and the
+        # next look refuses this store (a plain write would have let both go on).
+        if _write_mark(mark, mine, replace=False):
+            return
+
+
+def _write_mark(mark: pathlib.Path, mine: dict[str, Any], *, replace: bool) -> bool:
+    """Write ``mine`` to ``mark`` whole; without ``replace``, only if there is none yet."""
+    tmp = mark.with_name(f"{mark.name}.tmp-{os.getpid()}-{threading.get_ident()}")
     tmp.write_text(json.dumps(mine))
-    os.replace(tmp, mark)
+    try:
+        if replace:
+            os.replace(tmp, mark)
+            return True
+        try:
+            os.link(tmp, mark)
+        except FileExistsError:
+            return False
+        except OSError:  # a file system without hard links: the plain (racy) write
+            os.replace(tmp, mark)
+        return True
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 class _InlineChannel:
@@ -201,9 +234,22 @@ class ExperimentLoop:
                 "their own, which the loop can stop; the inline executor runs them in this "
                 "one. Use --executor local (the default) or ray."
             )
+        if inline and config.environment:
+            log.warning(
+                "environment: %s are set for trial processes (--executor local or ray); "
+                "an inline trial ('jaxcore train', --executor inline) runs in this process, "
+                "which does not get them: export them before the command",
+                ", ".join(sorted(config.environment)),
+            )
         self.config = config
         self.store = store or Store(config.database_url)
         self.progress = progress
+        blocker = file_in_the_way(config.workdir)
+        if blocker is not None:
+            raise ConfigError(
+                f"workdir {config.workdir}: {blocker} is a file, not a folder; give a "
+                "workdir that is a folder (or not there yet), e.g. experiments."
+            )
         os.makedirs(config.workdir, exist_ok=True)
         self.workdir = os.path.abspath(config.workdir)
         bind_workdir(self.workdir, self.store)
@@ -223,6 +269,7 @@ class ExperimentLoop:
         self._seen: dict[int, float] = {}  # metric id -> when this loop first saw it
         self._last_beat = 0.0
         self._was_paused = False
+        self._early_stopping_said = False  # a never-reported early_stopping.metric, said once
         if isinstance(executor, str):
             executor = self._make_executor(executor, ray_address)
         self.executor = executor
@@ -453,6 +500,7 @@ class ExperimentLoop:
         if trial_id not in self.stop_requested and not self._reported(trial_id):
             self._errored_unreported(trial_id)
             return
+        self._check_early_stopping_metric(trial_id)
         stopped = trial_id in self.stop_requested and row["steps_done"] < row["max_length"]
         self.store.update_trial(
             trial_id,
@@ -478,6 +526,28 @@ class ExperimentLoop:
             self.config.searcher.metric in m["values"]
             for m in self.store.metrics(trial_id, kind="validation")
         )
+
+    def _check_early_stopping_metric(self, trial_id: int) -> None:
+        """Say so when a trial ended without ever reporting ``early_stopping.metric``
+        (a typo such as ``los``): its policy never saw a value, so early stopping did not
+        apply. Said once per loop, on stderr (the log) and in the trial's log, as Keras'
+        ``EarlyStopping`` warns about a metric that is not available."""
+        metric = self.config.early_stopping.metric
+        if metric is None or self._early_stopping_said:
+            return
+        names = sorted({k for m in self.store.metrics(trial_id) for k in m["values"]})
+        if metric in names:
+            return
+        self._early_stopping_said = True
+        close = difflib.get_close_matches(metric, names, n=1)
+        hint = f"; did you mean early_stopping.metric: {close[0]}?" if close else ""
+        reason = (
+            f"trial {trial_id} ended without reporting early_stopping.metric {metric!r} (it "
+            f"reported {', '.join(map(repr, names)) or 'nothing'}{hint}): early stopping "
+            "did not apply to it"
+        )
+        log.warning("%s", reason)
+        self._trial_log(trial_id, reason)
 
     def _errored_unreported(self, trial_id: int) -> None:
         """A trial that ended cleanly without reporting the searcher metric gave the search

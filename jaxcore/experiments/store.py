@@ -200,8 +200,11 @@ def normalize_url(url: str) -> str:
         return "postgresql+psycopg://" + url.split("://", 1)[1]
     if url.startswith("sqlite:///"):  # one spelling per file: trial processes match on it
         path = url.removeprefix("sqlite:///")
+        if path.startswith("~"):  # `--db sqlite:///~/x.db`: the shell leaves this `~` alone
+            path = os.path.expanduser(path)
         if path and path != ":memory:" and not path.startswith("/"):
             return "sqlite:///" + os.path.abspath(path)
+        return "sqlite:///" + path
     return url
 
 
@@ -218,6 +221,19 @@ def _nearest_existing(path: str) -> str:
     while not os.path.exists(path) and os.path.dirname(path) != path:
         path = os.path.dirname(path)
     return path
+
+
+def file_in_the_way(folder: str) -> str | None:
+    """The file (not a folder) at ``folder`` or above it that keeps ``os.makedirs(folder)``
+    from working, or None."""
+    path = os.path.abspath(folder)
+    while True:
+        if os.path.exists(path) and not os.path.isdir(path):
+            return path
+        parent = os.path.dirname(path)
+        if parent == path:
+            return None
+        path = parent
 
 
 def sqlite_read_only(path: str) -> str | None:
@@ -293,7 +309,16 @@ class Store:
                 if self.read_only:
                     url = sqlite_read_only_url(path, self.read_only)
                 else:
-                    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+                    folder = os.path.dirname(os.path.abspath(path))
+                    blocker = file_in_the_way(folder)
+                    if blocker is not None:
+                        raise StoreError(
+                            f"the experiment store {path} cannot be created: {blocker} is "
+                            "a file, not a folder. Give a workdir that is a folder (or not "
+                            "there yet), or put the store elsewhere with --db URL / "
+                            "$JAXCORE_DB."
+                        )
+                    os.makedirs(folder, exist_ok=True)
             self.engine = sa.create_engine(
                 url, connect_args={"timeout": 60, "check_same_thread": False}
             )

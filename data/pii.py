@@ -17,8 +17,10 @@ import functools
 import hashlib
 import hmac
 import ipaddress
+import json
 import re
 from dataclasses import dataclass
+from pathlib import Path
 
 from data.config import PIIConfig
 from data.pii_scan import (
@@ -141,13 +143,75 @@ REPLACEMENT = {
 # When findings overlap, the more specific kind wins.
 PRIORITY = {"key": 0, "password": 1, "email": 2, "ip": 3, "credit_card": 4, "phone": 5, "name": 6}
 
+# Letters of the Latin, Greek and Cyrillic scripts beyond ASCII (RFC 6531 internationalised
+# addresses: jürgen.weiß@gmx.de, anna@bücherstube.de, ivan@почта.рф); no symbols (× ÷).
+_INTL = "\u00c0-\u00d6\u00d8-\u00f6\u00f8-\u024f\u0370-\u03ff\u0400-\u04ff\u1e00-\u1eff"
+_DOMAIN = (
+    rf"((?:[A-Za-z0-9{_INTL}](?:[A-Za-z0-9{_INTL}-]{{0,61}}[A-Za-z0-9{_INTL}])?\.)+"
+    rf"([A-Za-z{_INTL}]{{2,24}}))(?![\w-]|\.[A-Za-z0-9])"
+)
 EMAIL = re.compile(
-    r"(?<![\w.+%-])([A-Za-z0-9][A-Za-z0-9._%+-]{0,63})@((?:[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}"
-    r"[A-Za-z0-9])?\.)+([A-Za-z]{2,24}))(?![\w-]|\.[A-Za-z0-9])"
+    rf"(?<![\w.+%-])([A-Za-z0-9{_INTL}](?:[A-Za-z0-9{_INTL}._%+-]|'(?=\w)){{0,63}}"
+    rf"|\"[^\"\\\n@]{{1,62}}\")@" + _DOMAIN  # conor.o'brien@tcd.ie, "jane roe"@x.io (RFC 5322)
+)
+# Addresses written out to dodge harvesters: ``jane [at] x [dot] io``, ``k(at)uni-bonn.de``,
+# ``jane AT x DOT io``, ``jane at x dot com`` (group 1: local part, 2: domain, 3: TLD).
+_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
+_BR_AT, _BR_DOT = (rf"\s?[\[({{<]\s?(?i:{w})\s?[\])}}>]\s?" for w in ("at", "dot"))
+OBFUSCATED_EMAIL = re.compile(
+    r"(?<![\w.+-])([A-Za-z0-9][\w.+-]{0,63})(?:"
+    rf"{_BR_AT}((?:{_LABEL}(?:\.|{_BR_DOT}))+([A-Za-z]{{2,24}}))"
+    rf"|\s+AT\s+((?:{_LABEL}(?:\.|\s+DOT\s+))+([A-Za-z]{{2,24}}))"
+    rf"| at ((?:{_LABEL} dot )+([a-z]{{2,24}})))(?![\w-]|\.[A-Za-z0-9])"
+)
+# Substrings of the lower-cased text that one of these forms needs (lines to scan).
+# Lines worth the full pattern: a bracketed "at" in the lower-cased text (the pattern
+# opens with the literal "at", which ``re`` skips to fast), " dot ", " AT ".
+OBFUSCATED_HINT = re.compile(r"at(?:(?<=[\[({<]at)[\])}>]|(?<=[\[({<] at) [\])}>])")
+# user@host before a shell prompt's path and sigil (``root@web-01.x.io:~#``): a login.
+PROMPT_AFTER = re.compile(r":[~/]\S*[#$%>]|[ \t]?[#$] ")
+# The ``@`` written as a URL escape or an HTML character reference (``mailto:jane%40x.io``,
+# ``?email=a%2Bb%40x.io``, ``jane&#64;x.io``): the address is as personal as the plain one.
+# A local part may follow another escape (``%3Cjane%40x.io%3E``) and hold an escaped ``+``.
+ENCODED_AT = re.compile(r"%40|&#0*64;|&#[xX]0*40;|&commat;")
+EMAIL_ENCODED = re.compile(
+    rf"(?:(?<=%[0-9A-Fa-f]{{2}})|(?<![\w.+%&#;-]))([A-Za-z0-9{_INTL}](?:[A-Za-z0-9{_INTL}._+-]"
+    rf"|%2[Bb]){{0,63}})(?:%40|&#0*64;|&#[xX]0*40;|&commat;)" + _DOMAIN
+)
+# Local parts that stand for "an address goes here" (your.email@gmail.com, username@...,
+# firstname.lastname@..., xxx@..., foo@bar.com) and domains that do (yourcompany.com).
+PLACEHOLDER_LOCAL = re.compile(
+    r"(?i)(?:your|my)(?:[._-]?(?:e-?mail|name|user(?:name)?|address|login|account|id))*|"
+    r"you|user(?:[._-]?name)?|e-?mail|name|some(?:one|body)|first(?:[._-]?name)?[._-]?last"
+    r"(?:[._-]?name)?|x+|foo|bar|baz|changeme"
+)
+PLACEHOLDER_LABEL = re.compile(
+    r"(?i)(?:your|my|some)[-_]?(?:company|domain|org|organi[sz]ation|site|host|server|"
+    r"e-?mail|business)?|x+|foo|bar|baz"
+)
+URL_USERINFO_AT = re.compile(r"://[^\s/@]*@$")
+# The userinfo of a URL (``https://user:pass@host``, ``ftp://user@host``) is a login.
+URL_USERINFO = re.compile(r"[A-Za-z][\w+.-]*://[^\s/@\"'<>]*$")
+# A variable spliced in before the ``@``: ``$USER@``, ``$env:USERNAME@``, ``%(user)s@``.
+TEMPLATE_BEFORE = re.compile(r"(?i)(?:\$|\$env:|%\([\w.-]+\))$")
+# SSH algorithm and extension names (RFC 4251 section 6: ``name@domain``), such as
+# ``chacha20-poly1305@openssh.com`` and ``curve25519-sha256@libssh.org``, are no mailboxes:
+# a hyphenated local part with an algorithm word.
+SSH_NAME_LOCAL = re.compile(
+    r"(?i)(?=[\w.]*-)(?:[\w.-]*[-.])?(?:aes\d*|chacha\d*|poly1305|hmac|umac|sha\d*|md5|"
+    r"curve\d+|ed25519|ed448|ecdsa|nistp\d+|rsa|dss|etm|gcm|cbc|ctr|cert|sntrup\w*|mlkem\w*|"
+    r"x25519\w*)(?:[-.][\w.-]*)?"
 )
 IPV4 = re.compile(
-    r"(?<![\w.-])((?:(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}"
-    r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d))(?![\w-]|\.\d)"
+    r"(?:(?<![\w.-])|(?<=(?<!\w)_))((?:(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)\.){3}"
+    r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d))(?![^\W_]|_\w|-|\.\d)"
+)
+# A range of addresses written with a hyphen (``185.220.101.1-185.220.101.63``; nmap's
+# ``103.77.12.1-40``): both ends are addresses, which IPV4's boundaries alone would refuse.
+_OCTET = r"(?:25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
+IPV4_RANGE = re.compile(
+    rf"(?<![\w.-])((?:{_OCTET}\.){{3}}{_OCTET})-((?:{_OCTET}\.){{3}}{_OCTET}|{_OCTET})"
+    r"(?![\w-]|\.\d)"
 )
 V6_TAIL = re.compile(r"(?:^|[^\w])[0-9A-Fa-f]{0,4}:$")
 IPV6 = re.compile(
@@ -159,15 +223,28 @@ IPV6 = re.compile(
 # ``Value``, ``vpc`` and ``reverse`` do not count as ``v``, ``ver``, ``rev``).
 VERSION_CONTEXT = re.compile(
     r"(?i)(?:(?<![a-z])(?:version|ver|release|rel|rev|build|v|python|tag|section|sec|"
-    r"chapter|rfc\s*\d+|oid|objectidentifier|othername\.\d+)s?(?:[_-][\w-]*)?[\"']?>?"
+    r"chapter|clause|paragraph|para|table|figure|fig|appendix|annex|item|step|"
+    r"rfc\s*\d+|oid|objectidentifier|othername\.\d+)s?(?:[_-][\w-]*)?[\"']?>?"
     r"(?:\s*[:=(]|\s+§?)?|§|==|>=|<=|~=|!=|\^|~)\s*[\"'(\[]?v?$"
 )
 # Words on a line that make a dotted quad an address (needed when every octet is a single
 # digit, the shape of most version and section numbers: 1.2.3.4, 3.1.1.6).
 ADDRESS_CONTEXT = re.compile(
     r"(?i)ip|addr|host|inet|sock|cidr|server|client|peer|remote|connect|bind|proxy|dns|"
+    r"\b(?:src|dst)=|"
     r"gateway|subnet|route|firewall|://|/\d{1,2}\b|\(\s*b?[\"'][\d.]+[\"']\s*,\s*\d"
 )
+DOC_NET6 = ipaddress.ip_network("3fff::/20")
+# ``server=/corp.io/45.33.32.156`` (dnsmasq): an address after a ``/domain/`` is no path.
+SLASHED_DOMAIN = re.compile(r"(?:^|[\s=])/[\w-]+(?:\.[\w-]+)+/$")
+# A line that opens with a dotted quad after heading or list markup (group 1: a Markdown
+# or RDoc heading): a release entry (``## [2.14.3.1] - ...``, ``=== 3.10.2.1 / ...``).
+RELEASE_ENTRY = re.compile(r"[ \t]*(?:(#{1,6}|={2,6})|[*+|-])?[ \t]*\[?v?")
+CHANGELOG_FILE = re.compile(
+    r"(?i)(?:^|/)(?:change(?:s|log)|history|news|releases?|release[-_]?notes)(?:\.[\w.]+)?$"
+)
+# A key above a value line that makes the value a version (``supported_versions:``).
+VERSION_KEY = re.compile(r"(?i)version|(?<![a-z])release")
 # An IPv6-looking run of 2-digit hex groups is a byte string (fingerprint, serial, MAC).
 HEX_BYTES = re.compile(r"[0-9A-Fa-f]{2}(?::[0-9A-Fa-f]{2}){5,}")
 # Local parts that are generated identifiers (Message-IDs, UUIDs), not mailboxes.
@@ -187,11 +264,84 @@ PRIVATE_KEY_BLOCK = re.compile(
 # (encrypted or not, as an encrypted PEM key is still a key); the public lines are not.
 PUTTY_PRIVATE = re.compile(r"(?m)^Private-Lines:[ \t]*(\d{1,3})[ \t]*\r?\n")
 PUTTY_LINE = re.compile(r"[A-Za-z0-9+/=]{1,128}[ \t]*(?:\r?\n|$)")
+
+
+def _letters(upper: bool) -> str:
+    """Upper- or lower-case letters of the Latin, Greek and Cyrillic scripts, as a class."""
+    ranges = [(0x41, 0x7A), (0xC0, 0x24F), (0x370, 0x3FF), (0x400, 0x4FF), (0x1E00, 0x1EFF)]
+    chars = [
+        chr(c)
+        for lo, hi in ranges
+        for c in range(lo, hi + 1)
+        if (chr(c).isupper() if upper else chr(c).islower()) and chr(c).isalpha()
+    ]
+    return "".join(re.escape(c) for c in chars)
+
+
+# Names written in any of those scripts (José Álvarez, Łukasz Wróbel, Nguyễn Văn An).
+_UP, _LOW = _letters(True), _letters(False)
+_NAME_WORD = rf"[{_UP}](?:'[{_UP}])?[{_LOW}']+"  # José, O'Neil
+# Lower-case particles inside a name (Pieter van der Berg, Ana Lucía de la Cruz).
+_PARTICLE = r"(?:van|von|der|den|de|del|della|di|da|das|do|dos|du|la|le|ten|ter|bin|al|y)"
+_NAME = (
+    rf"{_NAME_WORD}(?:[ -](?:{_PARTICLE} )*(?:[{_UP}]\.|{_NAME_WORD})){{1,3}}"
+    rf"|{_NAME_WORD}, {_NAME_WORD}"  # Roe, Jane
+    rf"|(?:[{_UP}]\. ?){{1,3}}{_NAME_WORD}"  # K. L. Mensah
+)
+# An author line: a comment or field naming the author, in the syntaxes that carry one
+# (``# Author:``, ``"author": "..."``, ``authors = ["..."]``, ``:Author:``, ``<author>``,
+# ``\author{...}``, ``.. moduleauthor::``, ``%% Author:``, ``Co-authored-by:``).
 NAME_CONTEXT = re.compile(
-    r"(?m)(?:^[ \t]*(?:#|//|\*|;|--|\.\.)?[ \t]*@?"
-    r"(?i:author|maintainer|written by|created by|signed-off-by)"
-    r"[ \t]*[:=]?[ \t]*[\"']?|__author__\s*=\s*[\"'])"
-    r"([A-Z][a-z]+(?:[ -](?:[A-Z]\.|[A-Z][a-z']+)){1,3})"
+    r"(?m)(?:^[ \t]*(?:#|//|\*|;|--|\.\.|%{1,2})?[ \t]*[@:<\\\"']?"
+    r"(?i:(?:co-)?authors?(?:ed-by)?|maintainers?|moduleauthor|sectionauthor|written by|"
+    r"created by|signed-off-by)"
+    r"[\"']?[ \t]*(?:::|[:=>{])?[ \t]*\[?[ \t]*[\"']?|__author__\s*=\s*[\"'])"
+    rf"({_NAME})(?![{_LOW}])"
+)
+# The next name of an author list: ", B", " and B", " & B", after an optional address.
+NAME_MORE = re.compile(
+    rf"(?:[ \t]*(?:<[^>\n]*>|\([^)\n]*\)))?(?:,[ \t]*(?:and[ \t]+)?|[ \t]+and[ \t]+|[ \t]*&[ \t]*)"
+    rf"({_NAME})(?![{_LOW}])"
+)
+# Author fields that name an organisation, a team or a tool, not a person.
+ORG_WORDS = frozenset(
+    {
+        "team",
+        "developers",
+        "development",
+        "devs",
+        "contributors",
+        "community",
+        "project",
+        "foundation",
+        "inc",
+        "llc",
+        "ltd",
+        "gmbh",
+        "corp",
+        "corporation",
+        "company",
+        "co",
+        "bot",
+        "robot",
+        "labs",
+        "lab",
+        "group",
+        "authors",
+        "organization",
+        "organisation",
+        "systems",
+        "software",
+        "technologies",
+        "studio",
+        "code",
+        "university",
+        "institute",
+        "consortium",
+        "association",
+        "society",
+        "the",
+    }
 )
 TOKEN_TAIL = re.compile(r"[A-Za-z0-9_\-+/=.]+")
 # Generic top-level domains seen in mail addresses; any two-letter (country) TLD counts
@@ -279,7 +429,7 @@ VERSION_WORDS = re.compile(
 )
 # Commands whose user@host argument is a login on a machine.
 REMOTE_TARGET = re.compile(
-    r"\b(?:ssh|scp|sftp|rsync|mosh|sshpass|ssh-copy-id|telnet)\b[^\n]*"
+    r"\b(?i:ssh|scp|sftp|rsync|mosh|sshpass|ssh-copy-id|telnet|proxyjump)\b[^\n]*"
     r"(?:\s|-[\w]\s*)$"
 )
 LOCKFILE = re.compile(
@@ -294,7 +444,9 @@ RAILS_KEY_FILE = re.compile(r"(?:^|/)config/(?:master|credentials/[\w.-]+)\.key$
 RAILS_KEY = re.compile(r"\A\s*([0-9a-f]{32})\s*\Z")
 PGPASS_LINE = re.compile(r"(?m)^(?!#)(?:(?:[^:\\\n]|\\.)*:){4}((?:[^\\\n]|\\.)+)$")
 IMAGE_LINE = re.compile(r"(?i)image|\bfrom\b|docker|container|\btag")
-OID_LINE = re.compile(r"(?i)\boid|object identifier|::=|\basn|\bsnmp|\bmib\b|arc\b")
+OID_LINE = re.compile(
+    r"(?i)\boid|object identifier|::=|\basn|\bsnmp|\bmib\b|arc\b|\bx\.?509|\bextensions?\b"
+)
 
 
 def _putty_private(text: str) -> list[Finding]:
@@ -380,10 +532,10 @@ class PIIDetector:
             found += self._keys(text, secret_spans)
         if t & {"key", "password"}:
             found += self._secrets(text, secret_spans)
-        if "email" in t and "@" in text:
+        if "email" in t:
             found += self._emails(text)
         if "ip" in t:
-            found += self._ips(text)
+            found += self._ips(text, path)
         if t & {"credit_card", "phone"}:
             digit_spans = _lines(text, HINT_DIGITS)
             if "credit_card" in t:
@@ -391,10 +543,7 @@ class PIIDetector:
             if "phone" in t:
                 found += self._phones(text, digit_spans)
         if "name" in t:
-            found += [
-                Finding("name", m.start(1), m.end(1), m.group(1))
-                for m in _scan(NAME_CONTEXT, text, _word_lines(text, NAME_WORDS, self._low))
-            ]
+            found += self._names(text)
         found.sort(key=lambda f: (PRIORITY[f.kind], f.start, -f.end))
         # Taken spans do not overlap, so kept in start order only the neighbours of a new
         # span can overlap it (a scan of all of them is quadratic in a log of addresses).
@@ -406,6 +555,19 @@ class PIIDetector:
                 taken.insert(i, f)
                 starts.insert(i, f.start)
         return taken
+
+    def _names(self, text: str) -> list[Finding]:
+        """Names on author lines, each of a list (``Authors: A B, C D and E F``)."""
+        out = []
+        for m in _scan(NAME_CONTEXT, text, _word_lines(text, NAME_WORDS, self._low)):
+            span: tuple[int, int] | None = m.span(1)
+            while span:
+                name = text[span[0] : span[1]]
+                if not ORG_WORDS.intersection(re.split(r"[ ,-]+", name.lower())):
+                    out.append(Finding("name", span[0], span[1], name))
+                more = NAME_MORE.match(text, span[1])
+                span = more.span(1) if more else None
+        return out
 
     def _keys(self, text: str, spans: list[tuple[int, int]]) -> list[Finding]:
         out = []
@@ -453,54 +615,104 @@ class PIIDetector:
 
     def _emails(self, text: str) -> list[Finding]:
         out = []
-        for m in _scan(EMAIL, text, _lines(text, _AT)):
-            local, domain, tld = m.group(1), m.group(2).lower(), m.group(3).lower()
+        cands = []  # (match, local, domain, tld, how)
+        if "@" in text:
+            cands += [(m, m[1], m[2], m[3], "plain") for m in _scan(EMAIL, text, _lines(text, _AT))]
+        if "%40" in text or "&#" in text or "&commat;" in text:
+            for m in _scan(EMAIL_ENCODED, text, _lines(text, ENCODED_AT)):
+                cands.append((m, m[1], m[2], m[3], "plain"))
+        spans = _lines(self._low or text, OBFUSCATED_HINT)
+        if " AT " in text or " dot " in text:
+            spans = sorted({*spans, *_word_lines(text, (" AT ", " dot "), text)})
+        for m in _scan(OBFUSCATED_EMAIL, text, spans):
+            i = next(g for g in (2, 4, 6) if m[g])
+            domain = ".".join(re.findall(_LABEL, re.sub(r"(?i)dot", ".", m[i])))
+            cands.append((m, m[1], domain, m[i + 1], "spoken" if i == 6 else "plain"))
+        for m, local, raw_domain, raw_tld, how in cands:
+            domain, tld = raw_domain.lower(), raw_tld.lower()
+            start = m.start(1)
+            if start and text[start - 1] == "\\" and local[0] in "ntr" and len(local) > 1:
+                local, start = local[1:], start + 1  # "...\njane@x.io": the escape is no part
+            elif text.startswith("=", start - 1) and re.match(r"(?:20|09|3D)[A-Za-z]", local):
+                local, start = local[2:], start + 2  # quoted-printable "To:=20jane@x.io"
             if tld in NON_TLDS or local.lower() in SERVICE_LOCALS:
                 continue
-            raw_tld = m.group(3)
+            # A TLD that exists: two letters, a common generic one in any case
+            # (Jane.Roe@Outlook.Com, K@Uni-Bonn.DE), or any of IANA's in lower case
+            # (lea@mosaik.berlin); a@b.method, x@w.T and user@host.internal end in none.
+            common = len(tld) == 2 or tld in GENERIC_TLDS
             if not (
-                (len(tld) == 2 or tld in GENERIC_TLDS)
-                and (raw_tld.islower() or m.group(2).isupper())
+                (common and (raw_tld.islower() or raw_tld.isupper() or raw_tld.istitle()))
+                or (how == "plain" and raw_tld.islower() and tld in _iana_tlds())
             ):
-                continue  # a@b.method (matrix multiply), user@host.internal
+                continue
+            if PROMPT_AFTER.match(text, m.end()):
+                continue  # root@web-01.x.io:~# (a shell prompt): a login, not a mailbox
             if text.startswith(("(", "["), m.end()):
                 continue  # x@w.T(...) is a call, not an address
-            if REMOTE_TARGET.search(text, max(0, m.start() - 80), m.start()):
+            if REMOTE_TARGET.search(text, max(0, start - 80), start):
                 continue  # ssh user@host, scp user@host:path: a login, not a mailbox
             if domain in PLACEHOLDER_DOMAINS or domain.endswith(PLACEHOLDER_SUFFIXES):
                 continue
             if "example" in local.lower():  # documentation addresses (exampleUser@...)
                 continue
+            label = domain.rsplit(".", 2)[-2]
+            if PLACEHOLDER_LOCAL.fullmatch(local) or PLACEHOLDER_LABEL.fullmatch(label):
+                continue  # your.email@gmail.com, you@yourcompany.com: "an address here"
+            if URL_USERINFO.search(text, max(0, start - 200), start):
+                continue  # https://user:pass@host: a login (the secret rules judge passwords)
+            if TEMPLATE_BEFORE.search(text, max(0, start - 8), start):
+                continue  # "$USER@corp.io", "%(user)s@corp.io": a variable, not a mailbox
+            if SSH_NAME_LOCAL.fullmatch(local):
+                continue  # chacha20-poly1305@openssh.com: an SSH algorithm name
             if (ID_LOCAL.fullmatch(local) and sum(c.isdigit() for c in local) >= 6) or (
-                MESSAGE_ID_LINE.search(text, text.rfind("\n", 0, m.start()) + 1, m.start())
+                MESSAGE_ID_LINE.search(text, text.rfind("\n", 0, start) + 1, start)
             ):
                 continue  # a Message-ID / Content-ID / UUID-like identifier
-            out.append(Finding("email", m.start(), m.end(), m.group(0)))
+            out.append(Finding("email", start, m.end(), text[start : m.end()]))
         return out
 
-    def _ips(self, text: str) -> list[Finding]:
+    def _ips(self, text: str, path: str = "") -> list[Finding]:
         out = []
+        changelog = bool(path) and CHANGELOG_FILE.search(path) is not None
         if True:
-            for m in _scan(IPV4, text, _lines(text, HINT_IPV4)):
-                value = m.group(1)
-                before = text[max(0, m.start() - 24) : m.start()]
-                if before.endswith("/") and not before.endswith("//"):
+            v4_lines = _lines(text, HINT_IPV4)
+            quads = [(m.start(1), m.end(1)) for m in _scan(IPV4, text, v4_lines)]
+            for m in _scan(IPV4_RANGE, text, v4_lines):
+                quads.append((m.start(1), m.end(1)))
+                if "." in m.group(2):
+                    quads.append((m.start(2), m.end(2)))
+            for start, end in quads:
+                value = text[start:end]
+                before = text[max(0, start - 24) : start]
+                if (
+                    before.endswith("/")
+                    and not before.endswith("//")
+                    and not SLASHED_DOMAIN.search(before)
+                ):
                     continue  # a user-agent or path segment like Chrome/120.0.6099.109
-                if before.endswith(":") and V6_TAIL.search(before):
-                    continue  # the IPv4 tail of an IPv6 address (::ffff:1.2.3.4)
-                if text.startswith(".", m.end()) and text[m.end() + 1 : m.end() + 2].isalnum():
+                if (
+                    before.endswith(":")
+                    and V6_TAIL.search(before)
+                    and not before.lower().endswith("::ffff:")
+                ):
+                    continue  # the IPv4 tail of an IPv6 address (64:ff9b::1.2.3.4); an
+                    # IPv4-mapped one (::ffff:1.2.3.4) is that IPv4 host, judged as such
+                if text.startswith(".", end) and text[end + 1 : end + 2].isalnum():
                     continue  # part of a longer dotted token: 11.2.0.4.v3
-                if VERSION_CONTEXT.search(before) or PACKAGE_AT.search(before):
-                    continue
-                if self._version_like(text, m.start(), before):
+                if VERSION_CONTEXT.search(before) or (
+                    PACKAGE_AT.search(before) and not URL_USERINFO_AT.search(before)
+                ):
+                    continue  # (ssh://git@1.2.3.4 after "git remote add" is no package)
+                if self._version_like(text, start, before, changelog):
                     continue
                 if max(map(len, value.split("."))) == 1:
-                    ls = text.rfind("\n", 0, m.start()) + 1
-                    le = text.find("\n", m.end())
+                    ls = text.rfind("\n", 0, start) + 1
+                    le = text.find("\n", end)
                     if not ADDRESS_CONTEXT.search(text, ls, len(text) if le < 0 else le):
                         continue  # 1.2.3.4-shaped without address words: a version
                 if self._public(value):
-                    out.append(Finding("ip", m.start(1), m.end(1), value))
+                    out.append(Finding("ip", start, end, value))
         if True:
             for m in _scan(IPV6, text, _lines(text, HINT_IPV6)):
                 value = m.group(1)
@@ -524,19 +736,32 @@ class PIIDetector:
         return out
 
     @staticmethod
-    def _version_like(text: str, start: int, before: str) -> bool:
+    def _version_like(text: str, start: int, before: str, changelog: bool = False) -> bool:
         """A dotted quad that is a version, an OID or a coordinate, by its line.
 
         The nearest identifier before it naming a version (AssemblyFileVersion, since,
-        firmware, release_tag), an OID/ASN.1 line, or a ``group:artifact:`` coordinate.
+        firmware, release_tag), an OID/ASN.1 line, a ``group:artifact:`` coordinate, a
+        release heading (``## [2.14.3.1] - 2024-01-02``; in a changelog file any entry that
+        opens with it), or a value under a version/release key on the lines above
+        (``<key>CFBundleVersion</key>`` / ``<string>14.2.0.1</string>``, YAML lists).
         """
         ls = text.rfind("\n", 0, start) + 1
         le = text.find("\n", start)
         line = text[ls : len(text) if le < 0 else le]
         if OID_LINE.search(line):
             return True
+        opening = RELEASE_ENTRY.fullmatch(text, ls, start)
+        if opening and (changelog or opening.group(1)):
+            return True
+        if not ADDRESS_CONTEXT.search(line):
+            above = text[max(0, ls - 240) : max(0, ls - 1)].split("\n")
+            context = [x for x in above if x.strip()][-2:]
+            if any(VERSION_KEY.search(x) for x in context) and not any(
+                ADDRESS_CONTEXT.search(x) for x in context
+            ):
+                return True
         if re.search(r"(?:[\w.-]+:){2}$", before) or (
-            re.search(r"\w:$", before) and IMAGE_LINE.search(line)
+            re.search(r"(?<!:)\b\w[\w.-]*:$", before) and IMAGE_LINE.search(line)
         ):
             return True  # group:artifact:version, image:tag
         words = re.findall(r"[A-Za-z][\w-]*", text[ls:start])
@@ -553,6 +778,8 @@ class PIIDetector:
             return False
         if str(ip) in PUBLIC_DNS or value in PUBLIC_DNS:
             return False
+        if ip.version == 6 and ip in DOC_NET6:
+            return False  # RFC 9637's documentation prefix (ipaddress predates it)
         return ip.is_global and not ip.is_multicast
 
     def _cards(self, text: str, spans: list[tuple[int, int]]) -> list[Finding]:
@@ -673,6 +900,13 @@ class PIIStep(Step):
                 record.pii_counts[k] = record.pii_counts.get(k, 0) + 1
                 stats.count(f"redacted:{k}")
         return None
+
+
+@functools.cache
+def _iana_tlds() -> frozenset[str]:
+    """IANA's top-level domains (``resources/iana-tlds.json``, the root zone's list)."""
+    path = Path(__file__).parent / "resources" / "iana-tlds.json"
+    return frozenset(json.loads(path.read_text(encoding="utf-8"))["tlds"])
 
 
 @functools.cache

@@ -57,3 +57,33 @@ def check_keywords(
         raise ConfigError(
             f"{what}: {name!r} is not a setting of {owner or 'jaxcore.' + what}; {hint}"
         )
+
+
+# What a local weights or tokenizer path ends in, never a Hub repository id (ids may
+# hold dots: Qwen/Qwen2.5-0.5B).
+_FILE_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".json", ".model")
+
+
+def hub_name_hint(spec: object) -> str:
+    """A sentence for a missing path that reads as a Hugging Face Hub id (``org/name``):
+    nothing is downloaded, so say how to fetch it; ``""`` for what is plainly a local
+    path (``./x``, ``/x``, ``missing/``, ``out/model.safetensors``, a folder that exists)."""
+    import os
+    from pathlib import Path
+
+    if isinstance(spec, os.PathLike):
+        spec = os.fspath(spec)
+    if not isinstance(spec, str) or spec.count("/") != 1:
+        return ""
+    path = Path(spec)
+    if (
+        spec.startswith((".", "/", "~"))
+        or spec.endswith("/")
+        or path.suffix in _FILE_SUFFIXES
+        or path.parent.exists()
+    ):
+        return ""
+    return (
+        " It looks like a Hugging Face Hub name: nothing is downloaded, so fetch it first "
+        f"(huggingface_hub.snapshot_download({spec!r})) and pass the folder."
+    )

@@ -115,9 +115,12 @@ def _train_fn(plan: TrainPlan, loss_fn: LossFn) -> Callable:
         (grads, sums, model_state), _ = jax.lax.scan(
             body, (zeros, sums0, model_state), (jnp.arange(accum), micro)
         )
-        weight = jnp.maximum(sums.pop("weight"), 1e-12)
-        grads = jax.tree.map(lambda g: g / weight, grads)
-        return grads, {k: v / weight for k, v in sums.items()}, weight, model_state
+        # An all-padding batch weighs 0: report that, but divide by a floor so the
+        # zero gradients and metrics stay 0 rather than NaN.
+        weight = sums.pop("weight")
+        denom = jnp.maximum(weight, 1e-12)
+        grads = jax.tree.map(lambda g: g / denom, grads)
+        return grads, {k: v / denom for k, v in sums.items()}, weight, model_state
 
     def step(state: TrainState, batch):
         with trace_context.tracing(plan.trace_context()), remat.counting_blocks() as wrapped:

@@ -21,7 +21,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from jaxcore.errors import ConfigError
+from jaxcore.errors import ConfigError, hub_name_hint
 
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
 # Files of tokenizers that transformers converts to a fast one (sentencepiece, GPT-2 BPE,
@@ -251,16 +251,10 @@ def load_tokenizer(spec: str | Path | Any) -> Tokenizer:
             return _from_folder(path, file)
         if path.is_file():
             return _from_folder(path.parent, path)
-        hub = (
-            " It looks like a Hugging Face Hub name: nothing is downloaded, so fetch it first "
-            f"(huggingface_hub.snapshot_download({str(spec)!r})) and pass the folder."
-            if isinstance(spec, str) and spec.count("/") == 1 and not spec.startswith((".", "/"))
-            else ""
-        )
         raise ConfigError(
             f"tokenizer: {path} does not exist; pass a tokenizer.json file or a folder "
             "holding one (with tokenizer_config.json for special tokens and the chat "
-            f"template).{hub}"
+            f"template).{hub_name_hint(spec)}"
         )
     try:
         import tokenizers

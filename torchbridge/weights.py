@@ -80,6 +80,8 @@ def save_safetensors(state_or_dict: Any, path: str | Path, module: Any | None = 
     """Write a train state (or a torch state dict) to a safetensors file, ties kept once."""
     from safetensors.torch import save_file
 
+    from jaxcore.checkpointing.portable import open_file_mode
+
     sd = state_or_dict if isinstance(state_or_dict, dict) else state_dict(state_or_dict, module)
     first: dict[tuple, str] = {}
     ties: dict[str, str] = {}
@@ -93,6 +95,7 @@ def save_safetensors(state_or_dict: Any, path: str | Path, module: Any | None = 
         first[where] = key
         unique[key] = t.detach().contiguous()
     save_file(unique, str(path), metadata={_TIES_KEY: json.dumps(ties)})
+    open_file_mode(path)
 
 
 def load_safetensors(path: str | Path) -> dict[str, Any]:

@@ -535,12 +535,10 @@ class ExperimentLoop:
         metric = self.config.early_stopping.metric
         if metric is None or self._early_stopping_said:
             return
-        names = sorted({k for m in self.store.metrics(trial_id) for k in m["values"]})
+        names, hint = self._reported_names(trial_id, "early_stopping.metric", metric)
         if metric in names:
             return
         self._early_stopping_said = True
-        close = difflib.get_close_matches(metric, names, n=1)
-        hint = f"; did you mean early_stopping.metric: {close[0]}?" if close else ""
         reason = (
             f"trial {trial_id} ended without reporting early_stopping.metric {metric!r} (it "
             f"reported {', '.join(map(repr, names)) or 'nothing'}{hint}): early stopping "
@@ -549,18 +547,21 @@ class ExperimentLoop:
         log.warning("%s", reason)
         self._trial_log(trial_id, reason)
 
+    def _reported_names(self, trial_id: int, setting: str, metric: str) -> tuple[list[str], str]:
+        """The metric names a trial reported, and "; did you mean <setting>: <name>?" for
+        the one closest to ``metric`` (empty when none is close)."""
+        names = sorted({k for m in self.store.metrics(trial_id) for k in m["values"]})
+        close = difflib.get_close_matches(metric, names, n=1)
+        return names, (f"; did you mean {setting}: {close[0]}?" if close else "")
+
     def _errored_unreported(self, trial_id: int) -> None:
         """A trial that ended cleanly without reporting the searcher metric gave the search
         nothing: it is ERRORED (not COMPLETED, which would let an experiment of such trials
         end COMPLETED with no result), without restarts, which would end the same way."""
         metric = self.config.searcher.metric
-        names = sorted({k for m in self.store.metrics(trial_id) for k in m["values"]})
-        if names:  # a mistyped searcher.metric: say what the trial did report
-            close = difflib.get_close_matches(metric, names, n=1)
-            hint = f"; did you mean searcher.metric: {close[0]}?" if close else ""
-            seen = f" (it reported {', '.join(map(repr, names))}{hint})"
-        else:
-            seen = ""
+        names, hint = self._reported_names(trial_id, "searcher.metric", metric)
+        # a mistyped searcher.metric: say what the trial did report
+        seen = f" (it reported {', '.join(map(repr, names))}{hint})" if names else ""
         reason = (
             f"trial {trial_id} exited without reporting the searcher metric {metric!r}{seen}: "
             f"report it with ctx.report(step, {{{metric!r}: value}}) (a return value is "

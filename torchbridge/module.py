@@ -274,6 +274,42 @@ def _batch_norm_writing_back(env: Any) -> Callable:
     return batch_norm
 
 
+def _embedding(env: Any) -> Callable:
+    """``aten::embedding`` with torch's gradient: ``padding_idx``'s row gets none and
+    ``scale_grad_by_freq`` divides each row's gradient by the number of times its id occurs
+    in the batch (torch's ``embedding_dense_backward``; torchax ignores the flag).
+
+    Written as a JVP linear in the weight's tangent, whose transpose is that gradient (as
+    torchax does for ``padding_idx``)."""
+
+    @functools.partial(jax.custom_jvp, nondiff_argnums=(2, 3))
+    def take(weight, ids, padding_idx, by_freq):
+        return jnp.take(weight, ids, axis=0)
+
+    @take.defjvp
+    def take_jvp(padding_idx, by_freq, primals, tangents):
+        weight, ids = primals
+        w_dot = tangents[0]
+        if padding_idx is not None and padding_idx >= 0:
+            w_dot = w_dot.at[padding_idx].set(0)
+        y_dot = jnp.take(w_dot, ids, axis=0)
+        if by_freq:
+            # float32 counts: bf16 holds integers exactly only up to 256
+            counts = jnp.zeros(weight.shape[0], jnp.float32).at[ids.reshape(-1)].add(1)
+            scale = 1 / jnp.take(counts, ids, axis=0)[..., None]
+            y_dot = (y_dot * scale).astype(w_dot.dtype)
+        return jnp.take(weight, ids, axis=0), y_dot
+
+    def embedding(weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+        w, ids = weight.jax(), indices.jax()
+        if padding_idx < 0 and not scale_grad_by_freq:
+            return env.j2t_iso(jnp.take(w, ids, axis=0))
+        pad = padding_idx if padding_idx >= 0 else None
+        return env.j2t_iso(take(w, ids, pad, bool(scale_grad_by_freq)))
+
+    return embedding
+
+
 def _causal_attention(env: Any, reference: Callable) -> Callable:
     """``F.scaled_dot_product_attention`` through jaxcore's causal kernel where it applies.
 
@@ -418,6 +454,7 @@ def environment() -> Any:
         env.override_op_definition(legit, bn)
         from torchax.ops import jtorch
 
+        env.override_op_definition(torch.ops.aten.embedding.default, _embedding(env))
         sdpa = torch.nn.functional.scaled_dot_product_attention
         env.override_op_definition(sdpa, _causal_attention(env, jtorch._sdpa_reference))
         log.debug("torchax %s environment ready", torchax.__version__)
@@ -716,6 +753,10 @@ _OP_HINTS = {
     "_local_scalar_dense": " (a tensor read as a Python number: `.item()`, `float(t)` or `if t:`)",
     "__getitem__": " (indexing with a boolean mask or data-dependent indices)",
     "nonzero": " (its output size depends on the data)",
+    "embedding_renorm_": (
+        " (nn.Embedding(max_norm=...) renormalising the looked-up rows of its weight in"
+        " place; build the Embedding without max_norm)"
+    ),
 }
 
 
@@ -880,6 +921,7 @@ class TorchModel:
         tensors = dict(module.named_parameters())
         tensors.update(module.named_buffers())
         self._check_supported(module)
+        _refuse_meta(tensors)
         self.initial = (
             nest({n: to_numpy(tensors[n]) for n in self.spec.params}),
             nest({n: to_numpy(tensors[n]) for n in self.spec.state}),
@@ -957,6 +999,19 @@ class TorchModel:
             abstract=shapes,
             logical_axes=None,
             initial=initial,
+        )
+
+
+def _refuse_meta(tensors: dict[str, Any]) -> None:
+    """A tensor on the ``meta`` device has no values to train from: name it and the fix
+    (torch's own ``.numpy()`` would fail deep inside with "Cannot copy out of meta tensor")."""
+    meta = [n for n, t in tensors.items() if t.is_meta]
+    if meta:
+        raise jc.ConfigError(
+            f"torchbridge: {meta[:3]}{' ...' if len(meta) > 3 else ''} on the meta device "
+            "have no values to train from; materialise the module first, e.g. "
+            "model.to_empty(device='cpu') then model.load_state_dict(...) or its own "
+            "initialisation (reset_parameters)."
         )
 
 

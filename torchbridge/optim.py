@@ -9,7 +9,7 @@ torch      optax
 =========  ==============================================================================
 SGD        ``add_decayed_weights(wd)`` (L2 into the gradient), ``trace(momentum,
            nesterov)`` (torch's buffer starts at the first gradient, as optax's trace
-           from zero does), ``scale(-lr)``
+           from zero does; with ``dampening``, `trace_with_dampening`), ``scale(-lr)``
 Adam       ``add_decayed_weights(wd)``, ``scale_by_adam(b1, b2, eps)`` (with torch's
            step count per parameter: `scale_by_adam_per_parameter`), ``scale(-lr)``
 AdamW      ``scale_by_adam``, ``add_decayed_weights(wd)`` (decoupled), ``scale(-lr)``:
@@ -396,8 +396,41 @@ def _torch_rule(direction, learning_rate, weight_decay, *, maximize, decoupled=F
     return optax.chain(*parts)
 
 
-def _sgd(learning_rate, momentum, weight_decay, *, nesterov, maximize):
-    direction = optax.trace(decay=momentum, nesterov=nesterov)
+class DampedTraceState(NamedTuple):
+    count: Any  # per parameter: the steps it was given (torch's buffer is None at 0)
+    trace: Any
+
+
+def trace_with_dampening(momentum: Any, dampening: float) -> optax.GradientTransformation:
+    """torch's SGD momentum buffer with ``dampening``: the first step's buffer is the
+    gradient itself, later ``momentum * buf + (1 - dampening) * g`` (torch.optim.SGD).
+    The count is per parameter, as torch's "buffer is None" is: `skip_without_grad` keeps
+    a skipped parameter's count and buffer."""
+
+    def init(params):
+        return DampedTraceState(_counts(params), optax.tree.zeros_like(params))
+
+    def update(updates, state, params=None):
+        del params
+        trace = jax.tree.map(
+            lambda g, b, n: jnp.where(n == 0, g, momentum * b + (1 - dampening) * g).astype(
+                b.dtype
+            ),
+            updates,
+            state.trace,
+            state.count,
+        )
+        count = jax.tree.map(optax.safe_increment, state.count)
+        return trace, DampedTraceState(count, trace)
+
+    return optax.GradientTransformation(init, update)
+
+
+def _sgd(learning_rate, momentum, weight_decay, *, nesterov, maximize, dampening=0.0):
+    if dampening:
+        direction = trace_with_dampening(momentum, dampening)
+    else:
+        direction = optax.trace(decay=momentum, nesterov=nesterov)
     return _torch_rule(direction, learning_rate, weight_decay, maximize=maximize)
 
 
@@ -430,17 +463,16 @@ def _group_transform(
     maximize = bool(group.get("maximize", False))
     if type(optimizer) is torch.optim.SGD:
         _check(kind, group, _SGD_OK)
-        if group.get("dampening", 0):
-            raise UnsupportedError(
-                f"torchbridge: SGD dampening={group['dampening']} is not supported; use 0."
-            )
         momentum = beta if beta is not None else float(group.get("momentum", 0.0))
-        return optax.inject_hyperparams(_sgd, static_args=("nesterov", "maximize"))(
+        static = ("nesterov", "maximize", "dampening")
+        return optax.inject_hyperparams(_sgd, static_args=static)(
             learning_rate=lr,
             momentum=momentum,
             weight_decay=float(group["weight_decay"]),
             nesterov=bool(group.get("nesterov", False)),
             maximize=maximize,
+            # torch ignores dampening without momentum (there is no buffer to damp)
+            dampening=float(group.get("dampening", 0)) if group.get("momentum", 0) else 0.0,
         )
     if type(optimizer) in (torch.optim.Adam, torch.optim.AdamW):
         _check(kind, group, _ADAM_OK)

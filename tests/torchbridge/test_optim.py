@@ -109,5 +109,3 @@ def test_unsupported_optimizer_and_scheduler_are_named():
     opt = torch.optim.SGD(module.parameters(), lr=0.1)
     with pytest.raises(torchbridge.UnsupportedError, match="ExponentialLR"):
         torchbridge.to_optax(opt, module, S.ExponentialLR(opt, gamma=0.9))
-    with pytest.raises(torchbridge.UnsupportedError, match="dampening"):
-        torchbridge.to_optax(torch.optim.SGD(module.parameters(), 0.1, dampening=0.5), module)

@@ -49,12 +49,16 @@ LINGUIST_NAMES = {
     "NASM": "Assembly",
     "TASM": "Assembly",
     "Django/Jinja": "Jinja",
-    "HTML+Django/Jinja": "HTML+Django",
+    # linguist b45dbe9 has no HTML+Django: its Jinja takes the html+django alias.
+    "HTML+Django/Jinja": "Jinja",
     "Python 2.x": "Python",
     "JSONLD": "JSON-LD",
     "Groff": "Roff",
     "Properties": "Java Properties",
     "Perl6": "Raku",
+    "REBOL": "Rebol",
+    "YAML+Jinja": "Jinja",
+    "CSS+Django/Jinja": "Jinja",
     "S": "R",
     "FortranFixed": "Fortran",
     "Delphi": "Pascal",
@@ -287,7 +291,54 @@ HEURISTICS: dict[str, list[tuple[str, re.Pattern[str]]]] = {
     ],
     "md": [("GCC Machine Description", re.compile(r"^\s*\((define_|;;)", _H))],
     "rs": [("RenderScript", re.compile(r"^\s*#pragma\s+(version|rs\s+java_package_name)", _H))],
-    "r": [("Rebol", re.compile(r"\bREBOL\s*\[", re.I))],
+    # linguist's ``.r`` rules: the word Rebol, a Rez resource, else R (``<-``, ``#`` comments).
+    "r": [
+        ("Rebol", re.compile(r"\bREBOL\b", re.I)),
+        (
+            "Rez",
+            re.compile(
+                r"#include\s+[\"<](Types\.r|Carbon/Carbon\.r)[\">]|"
+                r"(resource|data|type)\s+'[A-Za-z0-9]{4}'\s+(\(.*\)\s+)?\{"
+            ),
+        ),
+        ("R", re.compile(r"<-|^\s*#", _H)),
+    ],
+    # ``.d``: D (module/import declarations, functions, unittest), DTrace probes and
+    # pragmas, then a compiler's Makefile dependency list (``main.o: main.c util.h``).
+    "d": [
+        (
+            "D",
+            re.compile(
+                r"^module\s+[\w.]*\s*;|import\s+[\w\s,.:]*;|\w+\s+\w+\s*\(.*\)(\(.*\))?"
+                r"\s*\{[^}]*\}|unittest\s*(\(.*\))?\s*\{[^}]*\}",
+                _H,
+            ),
+        ),
+        (
+            "DTrace",
+            re.compile(
+                r"^(\w+:\w*:\w*:\w*|BEGIN|END|provider\s+|(tick|profile)-\w+\s+\{[^}]*\}|"
+                r"#pragma\s+D\s+(option|attributes|depends_on)\s|#pragma\s+ident\s)",
+                _H,
+            ),
+        ),
+        (
+            "Makefile",
+            re.compile(
+                r"([/\\].*:\s+.*\s\\$|: \\$|^[ %]:|"
+                r"^[\w \t/\\.]+\w+\.\w+[ \t]*:[ \t]+[\w \t/\\.]+\w+\.\w+)",
+                _H,
+            ),
+        ),
+    ],
+    # ``.es``: Erlang (``%%`` comments, ``main(...) ->``) before ECMAScript.
+    "es": [
+        ("Erlang", re.compile(r"^\s*(%%|main\s*\(.*?\)\s*->)", _H)),
+        (
+            "JavaScript",
+            re.compile(r"//|[\"']use strict[\"']|export\s+default\s|/\*[\s\S]*?\*/"),
+        ),
+    ],
     "s": [("Motorola 68K Assembly", re.compile(r"^\s*(move\.[bwl]|lea|jsr|rts)\b", _H | re.I))],
     "sql": [
         ("PLpgSQL", re.compile(r"\$\$\s*LANGUAGE\s+plpgsql|\bRETURNS\s+TRIGGER\b", re.I)),
@@ -303,7 +354,54 @@ HEURISTICS: dict[str, list[tuple[str, re.Pattern[str]]]] = {
             ),
         ),
     ],
-    "fs": [("Forth", re.compile(r"^\s*: \S+|\bVARIABLE\b", _H))],
+    "fs": [
+        ("Forth", re.compile(r"^\s*: \S+|\bVARIABLE\b|^new-device", _H)),
+        # The rest of linguist's ``.fs`` rules: F#, then a GLSL shader (``#version``,
+        # ``precision``/``uniform``/``varying`` declarations), then Filterscript.
+        ("F#", re.compile(r"^\s*(#light|import|let|module|namespace|open|type)\b", _H)),
+        ("GLSL", re.compile(r"^\s*(#version|precision|uniform|varying|vec[234])\b", _H)),
+        ("Filterscript", re.compile(r"#include|#pragma\s+(rs|version)|__attribute__")),
+    ],
+    # linguist heuristics.yml's ``.pro`` rules, in its order: ProGuard options, a Prolog
+    # clause, an IDL ``last_client=`` INI, a qmake project (both ``HEADERS`` and
+    # ``SOURCES``), an IDL ``pro``/``function`` header.
+    "pro": [
+        (
+            "Proguard",
+            re.compile(r"^-(include\b.*\.pro$|keep\b|keepclassmembers\b|keepattributes\b)", _H),
+        ),
+        ("Prolog", re.compile(r"^[^\[#\n]+:-", _H)),
+        ("INI", re.compile(r"last_client=")),
+        ("QMake", re.compile(r"\A(?=[\s\S]*\bHEADERS\b)(?=[\s\S]*\bSOURCES\b)")),
+        ("IDL", re.compile(r"^\s*(?i:function|pro|compile_opt) \w[ \w,:]*$", _H)),
+    ],
+    # ``.ms``: roff ``-ms`` macros (``.TL``, ``.PP``), GNU assembler without C comments,
+    # MiniScript's ``end function``/``isa``; anything else is MAXScript (linguist's order).
+    "ms": [
+        ("Roff", re.compile(r"^[.'][A-Za-z]{2}(\s|$)", _H)),
+        (
+            "Unix Assembly",
+            re.compile(r"\A(?![\s\S]*/\*)[\s\S]*?^\s*\.(include\s|globa?l\s|[A-Za-z]\w*:)", _H),
+        ),
+        ("MiniScript", re.compile(r"^\s*\bend (function|while|if|for)\b|\s\bisa\b\s", _H)),
+        ("MAXScript", re.compile(r"")),
+    ],
+    # ``.l``: Common Lisp ``defun``/``defmacro``, lex sections, roff requests, PicoLisp.
+    "l": [
+        ("Common Lisp", re.compile(r"\(def(un|macro)\s")),
+        ("Lex", re.compile(r"^%[%{}]\s*$", _H)),
+        ("Roff", re.compile(r"^\.[A-Za-z]{2}(\s|$)", _H)),
+        ("PicoLisp", re.compile(r"^\((de|class|rel|code|data|must)\s", _H)),
+    ],
+    # ``.bb``: BlitzBasic, BitBake recipes (``inherit``/``require``/``include``), Clojure.
+    "bb": [
+        ("BlitzBasic", re.compile(r"\bEnd Function\b")),
+        ("BitBake", re.compile(r"^(# |include|require|inherit)\b", _H)),
+        ("Clojure", re.compile(r"\((def|defn|defmacro|let)\s")),
+    ],
+    # ``.f``/``.for``: a Forth colon definition, Filebench WML, else Fortran (the default).
+    "f": [("Forth", re.compile(r"^: ", _H)), ("Filebench WML", re.compile(r"\bflowop\b"))],
+    "for": [("Forth", re.compile(r"^: ", _H))],
     "t": [
         ("Raku", re.compile(r"^\s*use\s+v6\b", _H)),
         ("Perl", re.compile(r"\buse\s+(strict|warnings|Test::More)\b|\bmy\s+\$", _H)),
@@ -321,6 +419,7 @@ _MODELINE_EMACS = re.compile(
 _SHEBANG = re.compile(r"^#!\s*(\S+)(?:\s+(\S+))?")
 # ``#!/usr/bin/env -S deno run -A``: env's options (``-S``, ``-i``, ``-u NAME``) before the
 # interpreter, as linguist's shebang strategy skips them.
+_EXEC_HACK = re.compile(r"\bexec (\w+)[\s\"']+\$0[\s\"']+\$@")
 _ENV_ARGS = re.compile(r"^#!\s*\S*/env((?:\s+-\w+|\s+-u\s+\S+|\s+\w+=\S*)*)\s+([^\s-]\S*)")
 
 # Interpreters linguist's ``languages.yml`` lists that neither identify nor Pygments knows.
@@ -381,10 +480,20 @@ def _linguist(name: str) -> str:
 
 
 @functools.cache
+def _linguist_data() -> dict[str, dict[str, str]]:
+    return json.loads((Path(__file__).parent / "resources" / "linguist-tables.json").read_text())
+
+
 def _linguist_tables() -> tuple[dict[str, str], dict[str, str]]:
     """(extension -> language, filename -> language) where linguist names one language."""
-    data = json.loads((Path(__file__).parent / "resources" / "linguist-tables.json").read_text())
+    data = _linguist_data()
     return data["extensions"], data["filenames"]
+
+
+def _linguist_interpreters() -> dict[str, str]:
+    """Shebang interpreter -> language where linguist's ``languages.yml`` names one
+    (``guile`` Scheme, ``wish`` Tcl, ``escript`` Erlang)."""
+    return _linguist_data()["interpreters"]
 
 
 def _linguist_extension(base: str) -> str | None:
@@ -455,6 +564,10 @@ def _interpreter_language(interp: str) -> str | None:
     if base in LINGUIST_INTERPRETERS:
         return LINGUIST_INTERPRETERS[base]
     candidates = [base, re.sub(r"[\d.]+$", "", base)]
+    # linguist strips one ``.N`` suffix (``python3.11`` -> ``python3``) before its lookup.
+    for c in (base, re.sub(r"\.\d+$", "", base)):
+        if c in _linguist_interpreters():
+            return _linguist_interpreters()[c]
     for c in candidates:
         if c in id_interp.INTERPRETERS:
             lang = _from_identify_tags(
@@ -473,13 +586,15 @@ def detect_language(path: str, content: str) -> tuple[str, str]:
     """Return (language, strategy) for a file; ('', 'none') when nothing matches."""
     by_ext, by_name, patterns, aliases = _tables()
     head = content[:2048]
-    tail = content[-1024:] if len(content) > 3072 else ""
-    # 1. Modeline (vim / emacs) in the first or last lines.
-    for chunk in (head, tail):
+    # 1. Modeline (vim / emacs) in the first or the last five lines, as linguist's
+    # modeline strategy searches them (a modeline quoted mid-file does not count).
+    first = "\n".join(head.splitlines()[:5])
+    last = "\n".join(content[-2048:].splitlines()[-5:]) if len(content) > len(first) else ""
+    for chunk in (first, last):
         m = _MODELINE_VIM.search(chunk) or None
         mode = m.group(1) if m else None
         if mode is None:
-            e = _MODELINE_EMACS.search(chunk[:300])
+            e = _MODELINE_EMACS.search(chunk)
             mode = (e.group(1) or e.group(2)) if e else None
         if mode and mode.lower() in aliases and mode.lower() not in ("utf-8", "coding"):
             return aliases[mode.lower()], "modeline"
@@ -506,10 +621,21 @@ def detect_language(path: str, content: str) -> tuple[str, str]:
             if interp.startswith("-"):
                 e = _ENV_ARGS.match(head)
                 interp = e.group(2) if e else interp
+        # ``#!/bin/sh`` then ``exec scala "$0" "$@"`` in the first five lines: the script
+        # re-executes itself under that interpreter (linguist's shebang.rb reads it so).
+        if posixpath.basename(interp) == "sh":
+            x = _EXEC_HACK.search("\n".join(head.splitlines()[:5]))
+            interp = x.group(1) if x else interp
         lang = _interpreter_language(interp)
         if lang:
             return lang, "shebang"
-    # 4. Wildcard patterns with more than an extension (e.g. '*.html.j2', 'Makefile.*').
+    # 4. An extension linguist gives one language decides before Pygments' wildcard
+    # patterns (``config.yaml.j2`` is linguist's Jinja by ``.j2``, not ``*.yaml.j2``).
+    if "." in base.lstrip("."):
+        lang = _linguist_extension(base)
+        if lang:
+            return lang, "extension"
+    # Wildcard patterns with more than an extension (e.g. '*.html.j2', 'Makefile.*').
     for pat, lang in patterns:
         if fnmatch.fnmatchcase(base, pat):
             return lang, "filename"
@@ -519,8 +645,10 @@ def detect_language(path: str, content: str) -> tuple[str, str]:
         if lang:
             return lang, "extension"
         ext = base.rsplit(".", 1)[1]
-        langs = by_ext.get(ext) or by_ext.get(ext.lower())
+        # linguist looks extensions up lower-cased (``UTIL.H`` is ``.h``, ``SETUP.PY``
+        # ``.py``), where Pygments gives ``*.H``/``*.C`` to C++ alone.
         low = ext.lower()
+        langs = by_ext.get(low) or by_ext.get(ext)
         # Pygments may know one lexer where linguist knows several (``.cls``: TeX, Apex,
         # OpenEdge ABL, ...), so an extension with heuristics always runs them.
         if low in HEURISTICS:

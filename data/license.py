@@ -50,8 +50,11 @@ CODE_SUFFIX = re.compile(
 # Pascal ``*)``, Haskell ``-}``, HTML ``-->``, Jinja ``#}``.
 SPDX_LINE = re.compile(r"SPDX-License-Identifier:\s*([^\n*#]+?)\s*(?:\*/|\*\)|-\}|-->|#\}|$)", re.M)
 MANIFEST_FILE = re.compile(
-    r"^(package\.json|composer\.json|pyproject\.toml|Cargo\.toml|setup\.cfg)$"
+    r"^(package\.json|composer\.json|pyproject\.toml|Cargo\.toml|setup\.cfg|"
+    # Other ecosystems' manifests: RubyGems, Cabal/hpack, R, Maven, NuGet, Mix.
+    r"DESCRIPTION|package\.yaml|pom\.xml|mix\.exs|[^/]+\.gemspec|[^/]+\.cabal|[^/]+\.nuspec)$"
 )
+LICENSE_REF = re.compile(r"(?:DocumentRef-[A-Za-z0-9.-]+:)?LicenseRef-[A-Za-z0-9.-]+")
 PROPRIETARY_MARKERS = frozenset({"UNLICENSED", "PROPRIETARY"})
 """npm's and others' word for "no permission granted": a declared license, not an absent one."""
 _README_SECTION = re.compile(
@@ -73,6 +76,10 @@ _README_NAMES = [
 # A token that is an SPDX id as written (``Apache-2.0``, ``GPL-3.0-or-later``, ``0BSD``).
 _README_TOKEN = re.compile(r"(?<![\w/.-])[A-Za-z0-9][A-Za-z0-9.+-]*\d[A-Za-z0-9.+-]*(?<![.])")
 _CHOICE = re.compile(r"\beither\b|at\s+your\s+option|\bdual[- ]licen", re.I)
+
+# CRAN's ``LICENSE`` for "MIT + file LICENSE" (and BSD): only the year and the holder;
+# the license is the one DESCRIPTION names.
+_R_LICENSE_STUB = re.compile(r"(?i)(?:(?:YEAR|COPYRIGHT HOLDER|ORGANIZATION):[^\n]*\s*)+")
 
 PERMISSIVE = "permissive"
 NO_LICENSE = "no_license"
@@ -109,12 +116,23 @@ def permissive_ids() -> frozenset[str]:
 
 def parse_spdx(expression: str) -> license_expression.LicenseExpression | None:
     """Parse an SPDX expression; None when it does not parse or names unknown licenses."""
+    if not expression.strip():
+        return None
     try:
         info = _licensing().validate(expression, strict=False)
     except Exception:
         return None
     if info.errors or info.invalid_symbols:
-        return None
+        # SPDX's user-defined ids (``LicenseRef-Proprietary``, REUSE's custom licenses)
+        # are valid ids, just on no list: kept, so they decide (never permissive).
+        refs = all(LICENSE_REF.fullmatch(str(sym)) for sym in info.invalid_symbols)
+        unknown_only = all(e.startswith("Unknown license key") for e in info.errors)
+        if not (info.invalid_symbols and refs and unknown_only):
+            return None
+        try:
+            return _licensing().parse(expression)
+        except Exception:
+            return None
     try:
         return _licensing().parse(info.normalized_expression)
     except Exception:
@@ -232,11 +250,61 @@ def _cargo_fields(data: dict) -> ManifestFields:
     )
 
 
+_QUOTED = re.compile(r"""["']([^"'\n]+)["']""")
+
+
+def _either(values: Iterable[str]) -> tuple[str, ...]:
+    """Several declared licenses (a gemspec's, Mix's or Maven's list) offer a choice, as
+    npm and composer read theirs."""
+    values = [v.strip() for v in values if v.strip()]
+    return (" OR ".join(f"({v})" for v in values),) if len(values) > 1 else tuple(values)
+
+
+def _other_manifest(name: str, content: str) -> ManifestFields:
+    """License fields of other ecosystems' manifests, read by pattern (they are code or
+    formats of their own): a gemspec's ``s.license(s) =``, Cabal's and hpack's
+    ``license:``, R's DESCRIPTION ``License:``, Maven's ``<licenses><license><name>``,
+    NuGet's ``<license type="expression">``, Mix's ``licenses: [...]``."""
+    if name.endswith(".gemspec"):
+        m = re.search(r"\.licen[cs]es?\s*=\s*(\[[^\]]*\]|%w[\[(][^\])]*[\])]|\S[^\n]*)", content)
+        if not m:
+            return ManifestFields()
+        raw = m.group(1)
+        words = raw[3:-1].split() if raw.startswith("%w") else _QUOTED.findall(raw)
+        return ManifestFields(values=_either(words))
+    if name.endswith(".cabal") or name == "package.yaml":
+        m = re.search(r"(?im)^license\s*:\s*(\S[^\n]*?)\s*$", content)
+        return ManifestFields(values=(m.group(1).strip("'\""),) if m else ())
+    if name == "DESCRIPTION":
+        m = re.search(r"(?m)^License:[ \t]*(\S[^\n]*(?:\n[ \t]+\S[^\n]*)*)", content)
+        if not m:
+            return ManifestFields()
+        value = " ".join(m.group(1).split())
+        # "MIT + file LICENSE": the file adds the year and holder; "GPL-2 | GPL-3": a choice.
+        value = re.sub(r"\s*\+\s*file\s+LICEN[CS]E\S*", "", value, flags=re.I)
+        return ManifestFields(values=_either(value.split("|")))
+    if name == "pom.xml":
+        block = re.search(r"(?is)<licenses>(.*?)</licenses>", content)
+        names = re.findall(r"(?is)<name>\s*(.*?)\s*</name>", block.group(1)) if block else []
+        return ManifestFields(values=_either(names))
+    if name.endswith(".nuspec"):
+        m = re.search(
+            r"""(?is)<license\s+type=["']expression["']\s*>\s*(.*?)\s*</license>""", content
+        )
+        return ManifestFields(values=(m.group(1),) if m else ())
+    if name == "mix.exs":
+        m = re.search(r"licenses:\s*\[([^\]]*)\]", content)
+        return ManifestFields(values=_either(_QUOTED.findall(m.group(1))) if m else ())
+    return ManifestFields()
+
+
 def manifest_fields(name: str, content: str) -> ManifestFields:
     """The license fields of a package manifest (raises ValueError and friends on a
     manifest that does not parse)."""
     # A byte-order mark (Windows editors write one) is no part of JSON, TOML or INI.
     content = content.lstrip("\ufeff")
+    if not re.search(r"\.(json|toml|cfg)$", name):
+        return _other_manifest(name, content)
     if name.endswith(".json"):
         data = json.loads(content)
         if not isinstance(data, dict):
@@ -354,10 +422,67 @@ def declared_matches(values: Iterable[str]) -> list[LicenseMatch]:
         return []
     if any(v.upper() in PROPRIETARY_MARKERS for v in values):
         return [LicenseMatch("UNLICENSED", 1.0, 0, "manifest", "UNLICENSED")]
-    found = expression_matches(values, "manifest") or expression_matches(
-        [_normalise_license_name(v) for v in values], "manifest"
+    found = (
+        expression_matches(values, "manifest")
+        or expression_matches([_normalise_license_name(v) for v in values], "manifest")
+        or expression_matches([n for v in values if (n := _named_license(v))], "manifest")
     )
     return found or [LicenseMatch(UNIDENTIFIED, 0.0, 0, "manifest")]
+
+
+# License names other ecosystems write (R's "GPL (>= 2)", Cabal's "BSD3" and "GPL-3",
+# Maven's "The Apache Software License, Version 2.0", "GNU Lesser General Public
+# License, Version 2.1"): (pattern over the whole name, SPDX id or a template).
+_GNU_NAME = re.compile(
+    r"(?i)^(?:the\s+)?(?:GNU\s+)?(?P<fam>A|L|Lesser\s+|Library\s+|Affero\s+)?(?:GPL|"
+    r"General\s+Public\s+Licen[cs]e)(?:\s*,?\s+(?:v(?:ersion)?\s*)?|\s*-\s*)?"
+    r"(?:\(\s*>=?\s*(?P<min>\d(?:\.\d)?)\s*\)|(?P<ver>\d(?:\.\d)?))?"
+    r"(?P<later>\s*(?:\+|or\s+(?:any\s+)?later(?:\s+version)?))?$"
+)
+_NAMED = [
+    (
+        re.compile(
+            r"(?i)^(?:the\s+)?(?:new\s+|modified\s+)?BSD[\s_-]*3(?:[\s_-]*clause)?(?:\s+licen[cs]e)?$|^(?:the\s+)?new\s+BSD(?:\s+licen[cs]e)?$"
+        ),
+        "BSD-3-Clause",
+    ),
+    (
+        re.compile(
+            r"(?i)^(?:the\s+)?(?:simplified\s+)?BSD[\s_-]*2(?:[\s_-]*clause)?(?:\s+licen[cs]e)?$|^(?:the\s+)?simplified\s+BSD(?:\s+licen[cs]e)?$"
+        ),
+        "BSD-2-Clause",
+    ),
+    (
+        re.compile(
+            r"(?i)^(?:the\s+)?Apache\b.{0,40}?\b(?:v(?:ersion)?\s*)?\(?(?:==\s*)?2(?:\.0)?\)?$"
+        ),
+        "Apache-2.0",
+    ),
+    (re.compile(r"(?i)^(?:the\s+)?MIT(?:\s+licen[cs]e)?$"), "MIT"),
+    (re.compile(r"(?i)^CC0(?:[\s-]1\.0)?$"), "CC0-1.0"),
+    (
+        re.compile(r"(?i)^(?:the\s+)?Mozilla\s+Public\s+Licen[cs]e,?\s+(?:v(?:ersion)?\s*)?2\.0$"),
+        "MPL-2.0",
+    ),
+]
+
+
+def _named_license(value: str) -> str:
+    """The SPDX expression a license name stands for ('' when it is no name known)."""
+    value = " ".join(value.split()).strip(" .")
+    for rx, spdx in _NAMED:
+        if rx.match(value):
+            return spdx
+    m = _GNU_NAME.match(value)
+    if m and re.search(r"(?i)GPL|General\s+Public", value):
+        fam = (m.group("fam") or "").strip().lower()
+        prefix = {"": "GPL", "a": "AGPL", "affero": "AGPL"}.get(fam, "LGPL")
+        version = m.group("min") or m.group("ver") or ("2.1" if prefix == "LGPL" else "1")
+        version = version if "." in version else version + ".0"
+        # R's "GPL (>= 2)" and an unversioned "GPL" admit later versions.
+        later = m.group("min") or m.group("later") or not m.group("ver")
+        return f"{prefix}-{version}-{'or-later' if later else 'only'}"
+    return ""
 
 
 def _license_name(base: str) -> bool:
@@ -488,14 +613,24 @@ def _reuse_matches(paths: list[str]) -> list[LicenseMatch]:
     return expression_matches([" AND ".join(ids)], "reuse")
 
 
+# ``LICENSE-3rdparty.csv`` (Datadog), ``LICENSE-THIRD-PARTY``, ``LICENSES-bundled.txt``:
+# the licenses of a project's dependencies, not its own (like a NOTICE file).
+THIRD_PARTY = re.compile(r"third[-_. ]?party|3rd[-_. ]?party|dependenc|bundled|vendor", re.I)
+
+
+def _third_party(base: str) -> bool:
+    return bool(THIRD_PARTY.search(base)) or base.lower().endswith((".csv", ".tsv"))
+
+
 def _source_rank(base: str) -> int:
     """Which declaration wins in a folder (smaller first): a license file's text, then a
-    package manifest's field, then a README's license section, then a NOTICE file."""
+    package manifest's field, then a README's license section, then a NOTICE file or a
+    list of the dependencies' licenses."""
     if README_FILE.match(base):
         return 2
     if MANIFEST_FILE.match(base):
         return 1
-    return 3 if base.lower().startswith("notice") else 0
+    return 3 if base.lower().startswith("notice") or _third_party(base) else 0
 
 
 class LicenseStep:
@@ -648,6 +783,8 @@ class LicenseStep:
                 and _license_name(base)
                 and content.strip()
                 and not base.lower().startswith(("notice", "copyright"))
+                and not _third_party(base)
+                and not _R_LICENSE_STUB.fullmatch(content.strip())
             ):
                 matches = [LicenseMatch(UNIDENTIFIED, 0.0, 0, "none")]
                 stats.count("unidentified_license_files")

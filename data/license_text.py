@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import hashlib
+import html
 import itertools
 import re
 from dataclasses import dataclass
@@ -88,6 +89,20 @@ NOTICES = [
     (re.compile(r"(?is)GNU\s+General\s+Public\s+License.{0,200}?version\s+3"), "GPL-3.0-or-later"),
     (re.compile(r"(?is)GNU\s+General\s+Public\s+License.{0,200}?version\s+2"), "GPL-2.0-or-later"),
     (re.compile(r"(?is)Eclipse\s+Public\s+License\s+v\.?\s*2\.0"), "EPL-2.0"),
+    # Creative Commons' own notice ("This work is licensed under a Creative Commons
+    # Attribution 4.0 International License"), as docs folders carry it.
+    (
+        re.compile(
+            r"(?is)Creative\s+Commons\s+Attribution[- ]Non-?Commercial[- ]ShareAlike\s+4\.0"
+        ),
+        "CC-BY-NC-SA-4.0",
+    ),
+    (
+        re.compile(r"(?is)Creative\s+Commons\s+Attribution[- ]Non-?Commercial\s+4\.0"),
+        "CC-BY-NC-4.0",
+    ),
+    (re.compile(r"(?is)Creative\s+Commons\s+Attribution[- ]ShareAlike\s+4\.0"), "CC-BY-SA-4.0"),
+    (re.compile(r"(?is)Creative\s+Commons\s+Attribution\s+4\.0\s+International"), "CC-BY-4.0"),
     (
         re.compile(r"(?is)Licensed\s+under\s+the\s+Apache\s+License,?\s+Version\s+2\.0"),
         "Apache-2.0",
@@ -194,13 +209,71 @@ def _notice_id(text: str) -> str | None:
     return None
 
 
+_HTML = re.compile(r"(?i)<(?:html|body|p|br|li|div|h[1-6]|pre)\b[^>]*>")
+_HTML_BREAK = re.compile(
+    r"(?i)<(?:br|/p|p|/li|li|/div|div|/h[1-6]|h[1-6]|/pre|pre|/ol|ol|/ul|ul)\b[^>]*>"
+)
+
+
+def html_to_text(text: str) -> str:
+    """A license page saved as HTML (``LICENSE.html``) as the plain text it shows:
+    block tags and ``<br>`` end lines (``</p>`` a paragraph), other tags go, entities are
+    decoded; text without HTML block tags is returned as it is."""
+    if not _HTML.search(text):
+        return text
+    text = re.sub(r"(?is)<(script|style|head)\b.*?</\1\s*>|<!--.*?-->|<!DOCTYPE[^>]*>", "", text)
+    text = re.sub(r"(?i)</p\s*>|</li\s*>|</h[1-6]\s*>", "\n\n", text)
+    text = _HTML_BREAK.sub("\n", text)
+    text = re.sub(r"<[^>]+>", "", text)
+    text = html.unescape(text)
+    return re.sub(r"\n{3,}", "\n\n", "\n".join(line.strip() for line in text.split("\n")))
+
+
+# A license file whose opening paragraph offers a choice of the texts that follow
+# ("dual-licensed under ... or ...", "under the terms of either ... at your option").
+_CHOICE_PREAMBLE = re.compile(
+    r"(?is)\bdual[- ]licen[cs]ed\b|\beither\b.{0,300}\bor\b|at\s+your\s+(?:option|choice)"
+)
+
+
+def _choice_preamble(text: str) -> bool:
+    """Whether the file opens with a paragraph, itself no license text, that offers a
+    choice between the licenses it holds ("This project is dual-licensed under ...")."""
+    first = re.split(r"\n\s*\n", text, maxsplit=1)[0]
+    return (
+        len(first) <= 600
+        and not TITLE.search(first)
+        # The GNU notice's "either version 2 of the License, or (at your option) any
+        # later version" is a choice of versions, not of the texts that follow.
+        and not re.search(r"(?i)later\s+version|version\s+\d[\d.]*\s+of\s+the", first)
+        and _CHOICE_PREAMBLE.search(first) is not None
+    )
+
+
 def identify_parts(text: str, min_score: float = 0.8, max_parts: int = 16) -> list[LicenseMatch]:
     """Every license found in a license file, the project's own first.
 
     The whole file is read: each part is scored; a copyleft text is also known by its
-    title; a short file that is no full text is read as a notice.
+    title; a short file that is no full text is read as a notice. A file that opens by
+    offering a choice of its texts ("dual-licensed under MIT or Apache-2.0") declares
+    their OR, kept as the first match's expression.
     """
-    text = text.strip()
+    text = html_to_text(text).strip()
+    choice = _choice_preamble(text)
+    # A choice's texts are each read, even when the longest one scores high as a whole.
+    found = _identify_parts(text, min_score, max_parts, whole_first=not choice)
+    ids = list(dict.fromkeys(m.spdx for m in found))
+    if len(ids) > 1 and choice:
+        first = found[0]
+        found[0] = LicenseMatch(
+            first.spdx, first.score, first.start, first.method, " OR ".join(ids)
+        )
+    return found
+
+
+def _identify_parts(
+    text: str, min_score: float, max_parts: int, whole_first: bool = True
+) -> list[LicenseMatch]:
     if not text:
         return []
     found: list[LicenseMatch] = []
@@ -208,7 +281,9 @@ def identify_parts(text: str, min_score: float = 0.8, max_parts: int = 16) -> li
     whole_name, whole_score = askalono_match(text)
     # A near-verbatim single text scores high as a whole even when its own sections look
     # like cuts; a bundle scores middling as a whole (its longest text wins) and is split.
-    if whole_score >= (min_score if len(parts) == 1 else WHOLE_SURE):
+    if whole_score >= (min_score if len(parts) == 1 else WHOLE_SURE) and (
+        whole_first or len(parts) == 1
+    ):
         return [LicenseMatch(whole_name, whole_score, 0, "askalono")]
     for start, part in parts[:max_parts]:
         name, score = askalono_match(part) if len(parts) > 1 else (whole_name, whole_score)
@@ -299,6 +374,38 @@ HEADER_NOTICES = [
 ]
 
 
+# Short notices naming a permissive license, as projects put them in file headers and
+# minified bundles: "Licensed under the MIT License. See License.txt ...", "Released
+# under the MIT license", "| MIT License |" (a banner), "@license MIT" (JSDoc).
+_UNDER = (
+    r"(?:licen[cs]ed|released|distributed|available|provided)\s+under\s+(?:the\s+)?"
+    r"(?:terms\s+of\s+the\s+)?"
+)
+SHORT_NOTICES = [
+    (
+        re.compile(
+            rf"(?i){_UNDER}\(?MIT\)?(?:\s+licen[cs]e|\b(?!-))|\|\s*MIT\s+licen[cs]e\s*\||@license\s+MIT\b"
+        ),
+        "MIT",
+    ),
+    (re.compile(rf"(?i){_UNDER}(?:new\s+|modified\s+)?BSD[ -]3[ -]Clause\b"), "BSD-3-Clause"),
+    (re.compile(rf"(?i){_UNDER}(?:simplified\s+)?BSD[ -]2[ -]Clause\b"), "BSD-2-Clause"),
+    (re.compile(rf"(?i){_UNDER}ISC\s+licen[cs]e"), "ISC"),
+    (re.compile(rf"(?i){_UNDER}Boost\s+Software\s+Licen[cs]e"), "BSL-1.0"),
+    (re.compile(rf"(?i){_UNDER}zlib\s+licen[cs]e"), "Zlib"),
+]
+
+
+# A proprietary notice in a file's header (the common "Unauthorized copying of this file,
+# via any medium is strictly prohibited / Proprietary and confidential" template): the
+# file grants no license, read as SPDX's ``LicenseRef-Proprietary`` (non-permissive).
+PROPRIETARY_NOTICE = re.compile(
+    r"(?is)\bproprietary\s+and\s+confidential\b|\bconfidential\s+and\s+proprietary\b|"
+    r"unauthori[sz]ed\s+(?:copying|use|reproduction)\b.{0,80}?\bstrictly\s+prohibited|"
+    r"\b(?:this\s+(?:file|code|software|source\s+code)|it)\s+is\s+proprietary\b"
+)
+
+
 def header_notice_id(text: str) -> str | None:
     """The SPDX id of a standard license notice in a file's leading comments (the GNU
     "This program is free software ... under the terms of the GNU General Public License
@@ -313,7 +420,7 @@ def header_notice_id(text: str) -> str | None:
         if family == "LGPL" and version == "2.0" and "lesser" in (m.group(1) or "").lower():
             version = "2.1"
         return f"{family}-{version}-{'or-later' if m.group(3) else 'only'}"
-    for rx, spdx in HEADER_NOTICES:
+    for rx, spdx in HEADER_NOTICES + SHORT_NOTICES:
         if rx.search(head):
             return spdx
-    return None
+    return "LicenseRef-Proprietary" if PROPRIETARY_NOTICE.search(head) else None

@@ -67,6 +67,14 @@ PROVIDER_PATTERNS = [
         r"\bPMAK-[a-f0-9]{24}-[a-f0-9]{34}\b",  # postman-api-token
         r"\bNRAK-[A-Z0-9]{27}\b",  # new-relic-user-api-key
         r"\bAGE-SECRET-KEY-1[02-9AC-HJ-NP-Z]{58}\b",  # age-secret-key
+        r"\bATATT3[\w=-]{186,}",  # atlassian-api-token (192 characters; longer kept)
+        r"\bdt0c01\.[A-Za-z0-9]{24}\.[A-Za-z0-9]{64}\b",  # dynatrace-api-token
+        r"\bpul-[a-f0-9]{40}\b",  # pulumi-api-token
+        r"\bsbp_[a-f0-9]{40}\b",  # Supabase personal access token
+        r"\brubygems_[a-f0-9]{48}\b",  # rubygems-api-token
+        r"\bkey-[a-f0-9]{32}\b",  # mailgun-private-api-token
+        r"\bLTAI[A-Za-z0-9]{20}\b",  # alibaba-access-key-id
+        r"\btskey-(?:auth|api|client|scim|webhook)-[A-Za-z0-9]{6,}-[A-Za-z0-9]{20,}",  # Tailscale
         r"\beyJ[\w-]{8,}\.eyJ[\w-]{8,}\.[\w-]{16,}",  # jwt
     )
 ]
@@ -104,6 +112,14 @@ PROVIDER_HINTS = (
     "PMAK-",
     "NRAK-",
     "AGE-SECRET-KEY-1",
+    "ATATT3",
+    "dt0c01.",
+    "pul-",
+    "sbp_",
+    "rubygems_",
+    "key-",
+    "LTAI",
+    "tskey-",
     "eyJ",
 )
 # jwt.io's example token (HS256, "John Doe", iat 1516239022), in countless tutorials.
@@ -119,7 +135,13 @@ TWILIO_TOKEN = re.compile(r"""(["'])([0-9a-f]{32})\1""")
 
 # -- names -------------------------------------------------------------------------------
 _PARTS = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+")
-PASSWORD_PARTS = frozenset({"password", "passwd", "passphrase", "pwd", "pass", "pw", "passw"})
+PASSWORD_PARTS = frozenset(
+    {"password", "passwd", "passphrase", "pwd", "pass", "pw", "passw", "psk"}  # psk: Wi-Fi
+)
+# Password names in one lowercase word (offlineimap's ``remotepass``, mutt's ``smtppass``).
+JOINED_PASSWORD_NAMES = frozenset(
+    {"remotepass", "localpass", "smtppass", "imappass", "dbpass", "rootpass", "adminpass"}
+)
 SECRET_PARTS = frozenset(
     {
         "token",
@@ -425,6 +447,8 @@ def name_kind(name: str) -> str | None:
     low = name.lower()
     if parts[0] in ("set", "get", "with") and len(parts) > 1:
         parts = parts[1:]  # setPassword(...), withToken(...)
+    if low in JOINED_PASSWORD_NAMES or (parts[0] == "source" and parts[1:] == ["password"]):
+        return "password"  # MySQL's SOURCE_PASSWORD: the source's password, not its origin
     if any(p in META_PARTS for p in parts):
         return None
     if any(p in PASSWORD_PARTS for p in parts) or "password" in low or "passwd" in low:
@@ -544,7 +568,8 @@ PLACEHOLDER = re.compile(
     r"(?i)your[-_ ]?|example|dummy|placeholder|change.?me|x{4,}|\*{3,}|sample|fake|insert|"
     r"replace|redacted|todo|xmpl|<[^>]*>|\$\{|\$\(|\{\{|%\(\w*\)s|^%[sd]$|\.\.\.|^\$\w+$|^%\w+%$|"
     r"^\{[\w.]*\}$|sensitive\*data\*deleted|"  # the last: Windows' own unattend.xml mask
-    r"\benv\b|getenv|environ|process\.env|secrets\.|vault:|^@|^<|^\[|"
+    r"\benv\b|getenv|environ|process\.env|secrets\.|vault:|^op://|^@|^<|^\[|"
+    r"^!vault|^ENC\[|^ENC\(|^\{cipher\}|^(?:test|mock)[-_]|"
     r"(.)\1{5,}"
 )
 # A regex: a group construct, a class escape, a ranged class, a counted repeat, or
@@ -744,7 +769,7 @@ XML_VALUE_LOOKAHEAD = 512
 # <add key="ApiKey" value="x"/>, <property name="db.password" value="x"/>
 KEYVALUE_TAIL = re.compile(r"""["']\s+value\s*=\s*["'](?P<bv>[^"']{1,1024})["']""")
 KEYVALUE_HEAD = re.compile(r"""\b(?:key|name)\s*=\s*["']$""")
-TRIGGER = re.compile(r"pass|pwd|pw|token|secret|key|cred|auth|sig|sas|salt")
+TRIGGER = re.compile(r"pass|pwd|pw|psk|token|secret|key|cred|auth|sig|sas|salt")
 _NAME_CHARS = frozenset(string.ascii_letters + string.digits + "_.-")
 # .netrc: machine host login user password value
 NETRC = re.compile(r"\blogin\s+\S+\s+password\s+(?P<bv>\S+)")
@@ -762,13 +787,60 @@ NETRC_ENTRY_LOOKBACK = 240
 # docker login -p X, redis-cli -a X).
 SHORT_FLAG_TOOLS = re.compile(
     r"(?i)\b(?:mysql\w*|mariadb|sshpass|docker|podman|redis-cli|"
-    r"mongo\w*|htpasswd|smbclient|sqlcmd|ftp|lftp|curl|wget|ldap\w+)\b"
+    r"mongo\w*|htpasswd|smbclient|sqlcmd|ftp|lftp|curl|wget|ldap\w+|psexec|paexec)\b"
 )
 SHORT_FLAG = re.compile(r"(?<![\w-])-(?P<flag>[pPaw])[ \t]*" + _VALUE)
 # HTTP auth schemes; Authorization's value is the scheme's credential.
 AUTH_SCHEME = re.compile(
     r"(?i)\b(?P<scheme>Bearer|Token|Basic|Bot|SSWS|Digest|ApiKey|Key)[ \t]+"
     r"(?P<bv>[A-Za-z0-9._~+/=-]{16,})"
+)
+# Config directives whose value follows a space: msmtp/Cisco/HAProxy ``password x``,
+# ``password 0 x`` (Cisco's type 0 is clear text), ``insecure-password x``; HAProxy's
+# ``stats auth user:x``; Windows ``schtasks /RP x``, ``net use ... /user:name x``,
+# ``sp_addlogin 'name', 'x'``; SQL ``OPTIONS (user 'u', password 'x')`` (foreign servers).
+DIRECTIVE_PASSWORD = re.compile(
+    r"(?im)(?:^[ \t]*|\busername[ \t]+\S+[ \t]+(?:privilege[ \t]+\d+[ \t]+)?)"
+    r"password[ \t]+(?:0[ \t]+)?(?P<bv>[^\s\"']+)[ \t]*$"
+)
+INSECURE_PASSWORD = re.compile(r"\binsecure-password[ \t]+(?P<bv>\S+)")
+STATS_AUTH = re.compile(r"\bstats[ \t]+auth[ \t]+[^\s:]+:(?P<bv>\S+)")
+SCHTASKS_RP = re.compile(r"(?i)(?<![\w-])/RP[ \t]+(?:" + _Q + r"|(?P<bv>[^\s/\"'*]\S*))")
+NET_USE = re.compile(r"(?i)\bnet[ \t]+use\b[^\n]*?/user:\S+[ \t]+(?P<bv>[^\s/\"'*]\S*)")
+SP_ADDLOGIN = re.compile(
+    r"(?i)\bsp_addlogin\s+(?:@\w+\s*=\s*)?N?'[^']*'\s*,\s*(?:@\w+\s*=\s*)?N?" + _Q
+)
+SQL_OPTIONS_PASSWORD = re.compile(r"(?i)\bOPTIONS\s*\([^)]*?\bpassword\s+" + _Q)
+# Chat webhooks: the URL's secret part (Teams' IncomingWebhook/<hex>/<guid>, Mattermost's
+# /hooks/<26 lowercase>, Zapier's hooks/catch/<id>/<token>). Read on URL lines ("://" is a
+# secret word), not as provider formats: a lookbehind gives those no literal to gate on.
+WEBHOOKS = (
+    re.compile(r"/IncomingWebhook/(?P<bv>[0-9a-f]{32}/[0-9a-f-]{36})"),
+    re.compile(r"/hooks/(?P<bv>(?=[a-z]*\d)[a-z0-9]{26})(?![\w-])"),
+    re.compile(r"hooks\.zapier\.com/hooks/catch/(?P<bv>\d+/[A-Za-z0-9]{6,})"),
+)
+# Keys passed to signing calls: jwt.encode(payload, "k"), jwt.sign(p, 'k'), hmac.new(b"k",
+# ...), crypto.createHmac('sha256', 'k'), Fernet(b"k"): the literal is the signing secret.
+SIGNING_CALL = re.compile(
+    r"\b(?:jwt\.(?:encode|sign)\([^,()\n]+(?:\([^()\n]*\))?[^,()\n]*,|"
+    r"hmac\.new\(|createHmac\(\s*['\"][\w-]+['\"]\s*,|Fernet\()\s*"
+    r"(?:[bB])?" + _Q
+)
+PORT_MAP = re.compile(r"[ \t]*[\d.]*\d:[\d.:]+(?:/(?:tcp|udp))?")
+# A default behind an environment lookup: process.env.JWT_SECRET || 'x' (or ?? 'x'),
+# env::var("API_KEY").unwrap_or("x") / .unwrap_or_else(|_| "x".to_string()).
+ENV_FALLBACK = (
+    re.compile(r"process\.env\.(?P<name>\w+)\s*(?:\|\||\?\?)\s*" + _Q),
+    re.compile(r"env::var\(\s*\"(?P<name>\w+)\"\s*\)\s*\.unwrap_or(?:_else\(\s*\|_\|)?\(?\s*" + _Q),
+)
+# Prose: "the admin password is x", "log in with password `x`", "token for the sandbox: x"
+# (a colon only after other words: ``password: x`` itself is an assignment, judged by name).
+# The value must look generated (letters of both cases and a digit, or a key's entropy).
+PROSE_SECRET = re.compile(
+    r"(?i)\b(?P<w>password|passphrase|token)\b(?:[ \t]+[\w'-]+){0,4}?"
+    r"(?:[ \t]+(?:is|was)[ \t]+|(?<=[\w'-])(?<!password)(?<!passphrase)(?<!token):[ \t]+|"
+    r"(?<=password)[ \t]+(?=`))"
+    r"[`'\"]?(?P<bv>[^\s`'\"]{8,128})"
 )
 # Positional passwords of CLI tools: htpasswd -b file user PASSWORD, chpasswd "user:PW".
 CLI_POSITIONAL = re.compile(r"\bhtpasswd\s+-\w*b\w*\s+(?:-\w+\s+)*\S+\s+\S+\s+(?P<bv>\S+)")
@@ -795,7 +867,7 @@ LOGIN_CALL = re.compile(
     r"basicauth|httpbasicauth|httpdigestauth|plainauth|credentials?|"
     r"networkcredential|bind|bind_s|simple_bind|simple_bind_s|connect|"
     r"mysqli_connect|mysql_connect|pg_connect|getconnection|pdo|"
-    r"passwordauthentication|usernamepasswordcredentials)\s*\(|"
+    r"passwordauthentication|usernamepasswordcredentials|set_password)\s*\(|"
     r"\bauth\s*=\s*\("
 )
 # SQL's `CREATE USER name PASSWORD 'x'` / `ALTER ROLE name PASSWORD 'x'` (no WITH).
@@ -892,6 +964,8 @@ def _line_secrets(text: str, s: int, e: int) -> Iterator[Hit]:
                 continue
             if m.group("flag") == "w" and "ldap" not in low:
                 continue  # -w is a password for ldapsearch/ldapmodify/... only
+            if PORT_MAP.fullmatch(m.group(0), 2):
+                continue  # docker run -p 5432:5432: a port mapping
             yield from _judge("password", _value(m), "")
     for rx, needle in (
         (USERINFO, "://"),
@@ -905,10 +979,20 @@ def _line_secrets(text: str, s: int, e: int) -> Iterator[Hit]:
         (DIRECTIVE, "requirepass"),
         (DIRECTIVE, "masterauth"),
         (SECURE_STRING, "convertto-securestring"),
+        (INSECURE_PASSWORD, "insecure-password"),
+        (STATS_AUTH, "stats"),
+        (SCHTASKS_RP, "/rp"),
+        (NET_USE, "/user:"),
+        (SP_ADDLOGIN, "sp_addlogin"),
+        (SQL_OPTIONS_PASSWORD, "options"),
     ):
         if needle in low:
             for m in rx.finditer(text, s, e):
                 yield from _judge("password", _value(m), "")
+    if "password" in low and (m := DIRECTIVE_PASSWORD.match(text, s, e)):
+        val = _value(m)
+        if val and not val[0].isalpha():  # "password required" is prose, not a directive
+            yield from _judge("password", val, "")
     if "password" in low and (m := NETRC_PASSWORD_LINE.fullmatch(text, s, e)):
         prev_end = max(s - 1, 0)
         prev_start = text.rfind("\n", 0, prev_end) + 1
@@ -935,12 +1019,48 @@ def _line_secrets(text: str, s: int, e: int) -> Iterator[Hit]:
             yield from _judge(kind, _value(m, query=True), name)
     if any(w in low for w in LOGIN_WORDS):
         yield from _login_calls(text, s, e)
+    if "password" in low or "passphrase" in low or "token" in low:
+        for m in PROSE_SECRET.finditer(text, s, e):
+            val = _value(m)
+            if val is None:
+                continue
+            v = val[0].rstrip(".")
+            val = (v, val[1], val[1] + len(v), False)
+            if m.group("w").lower() == "token":
+                yield from _judge("key", val, "token")
+            elif _generated(v):
+                yield from _judge("password", val, "")
+    if "process.env." in low or "env::var(" in low:
+        for rx in ENV_FALLBACK:
+            for m in rx.finditer(text, s, e):
+                name = m.group("name")
+                yield from _judge(name_kind(name), _value(m), name)
+    if "jwt." in low or "hmac" in low or "fernet(" in low:
+        for m in SIGNING_CALL.finditer(text, s, e):
+            yield from _judge("key", _value(m), "secret")
+    if "hooks" in low or "incomingwebhook" in low:
+        for rx in WEBHOOKS:
+            for m in rx.finditer(text, s, e):
+                yield "key", m.start("bv"), m.end("bv"), m.group("bv")
     if "variable" in low and (m := HCL_VARIABLE.match(text, s, e)):
         name = m.group("name")
         yield from _judge(name_kind(name), _hcl_variable_default(text, m.end()), name)
 
 
-LOGIN_WORDS = ("login", "logon", "sign", "auth", "credential", "bind", "connect", "pdo")
+def _generated(v: str) -> bool:
+    """Letters of both cases and a digit, not a name: a password written in prose."""
+    return (
+        any(c.isupper() for c in v)
+        and any(c.islower() for c in v)
+        and any(c.isdigit() for c in v)
+        and not IDENTIFIER.match(v)
+        and not CAMEL_WORDS.match(v)
+    )
+
+
+LOGIN_WORDS = (
+    "login", "logon", "sign", "auth", "credential", "bind", "connect", "pdo", "set_password"
+)  # fmt: skip
 
 
 def _login_calls(text: str, s: int, e: int) -> Iterator[Hit]:

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 SECRET_WORDS = ("pass", "pwd", "pw", "token", "secret", "key", "cred", "auth", "sig=", "salt",
                 "bearer", "login", "logon", "signin", "sign_in", "connect", "bind",
                 "identified", "pdo", "://", "@tcp(", "@unix(", " -p", " -a", " -w",
-                "curl", "-u", "psk", "/rp ", "/user:", "jwt.", "hmac", "fernet(")  # fmt: skip
+                "curl", "-u", "psk", "/rp ", "/user:", "jwt.", "hmac", "fernet(", "| sudo",
+                "|sudo", "chpasswd", "--stdin", "smbpasswd", "send ")  # fmt: skip
 NAME_WORDS = ("author", "maintainer", "written by", "created by", "signed-off-by")
 # Each hint starts with a literal or a character class so that ``re`` skips ahead in C to
 # the next candidate position (its prefix/charset search); the equivalent forms that open

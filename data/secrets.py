@@ -826,6 +826,25 @@ SIGNING_CALL = re.compile(
     r"hmac\.new\(|createHmac\(\s*['\"][\w-]+['\"]\s*,|Fernet\()\s*"
     r"(?:[bB])?" + _Q
 )
+# A password piped into a program that reads it from stdin: ``echo pw | sudo -S cmd``,
+# ``echo pw | passwd --stdin bob``, ``printf 'pw' | docker login -u x --password-stdin``,
+# ``(echo pw; echo pw) | smbpasswd -s -a bob``; and ``echo 'bob:pw' | chpasswd`` (the
+# part after the user).
+_STDIN_READER = (
+    r"(?:sudo\b[^|\n]*?[ \t]-\w*S\b|passwd\b[^|\n]*--stdin\b|smbpasswd\b[^|\n]*[ \t]-\w*s\b"
+    r"|(?:docker|podman|nerdctl|buildah|skopeo|helm|oras)\b[^|\n]*--password-stdin\b)"
+)
+_ECHO = r"\b(?:echo|printf)(?:[ \t]+-[neE]+)*[ \t]+"
+_PIPE = r"(?:[ \t]*;[^)\n]*\))?[ \t]*\|[ \t]*(?:sudo[ \t]+)?"
+STDIN_PASSWORD = re.compile(
+    _ECHO + r"(?:" + _Q + r"|(?P<bv>[^\s|;&\"'`()][^\s|;&()]*))" + _PIPE + _STDIN_READER
+)
+CHPASSWD = re.compile(
+    _ECHO + r"[\"']?[\w.-]{1,64}:(?P<bv>[^\s|\"':]{1,256})[\"']?" + _PIPE + r"chpasswd\b"
+)
+# expect(1): ``send "pw\r"`` right after an ``expect`` line that waits for a password prompt.
+EXPECT_SEND = re.compile(r"[ \t]*(?:exp_)?send(?:[ \t]+--)?[ \t]+" + _Q)
+EXPECT_PROMPT = re.compile(r"(?i)\bexpect\b[^\n]*(?:assword|passphrase|pin\b)")
 PORT_MAP = re.compile(r"[ \t]*[\d.]*\d:[\d.:]+(?:/(?:tcp|udp))?")
 # A default behind an environment lookup: process.env.JWT_SECRET || 'x' (or ?? 'x'),
 # env::var("API_KEY").unwrap_or("x") / .unwrap_or_else(|_| "x".to_string()).
@@ -989,6 +1008,21 @@ def _line_secrets(text: str, s: int, e: int) -> Iterator[Hit]:
         if needle in low:
             for m in rx.finditer(text, s, e):
                 yield from _judge("password", _value(m), "")
+    if "echo" in low or "printf" in low:
+        for rx in (STDIN_PASSWORD, CHPASSWD):
+            for m in rx.finditer(text, s, e):
+                val = _escaped_line_end(_value(m))
+                if val is None:
+                    continue
+                # typed twice to confirm: (echo pw; echo pw) | ..., printf 'pw\npw\n' | ...
+                v, quoted, at = val[0], val[3], val[1]
+                while at >= 0:
+                    yield from _judge("password", (v, at, at + len(v), quoted), "")
+                    at = text.find(v, at + len(v), m.end())
+    if "send" in low and (m := EXPECT_SEND.match(text, s, e)):
+        prev_end = max(s - 1, 0)
+        if s > 0 and EXPECT_PROMPT.search(text, text.rfind("\n", 0, prev_end) + 1, prev_end):
+            yield from _judge("password", _escaped_line_end(_value(m)), "")
     if "password" in low and (m := DIRECTIVE_PASSWORD.match(text, s, e)):
         val = _value(m)
         if val and not val[0].isalpha():  # "password required" is prose, not a directive
@@ -1045,6 +1079,17 @@ def _line_secrets(text: str, s: int, e: int) -> Iterator[Hit]:
     if "variable" in low and (m := HCL_VARIABLE.match(text, s, e)):
         name = m.group("name")
         yield from _judge(name_kind(name), _hcl_variable_default(text, m.end()), name)
+
+
+def _escaped_line_end(
+    val: tuple[str, int, int, bool] | None,
+) -> tuple[str, int, int, bool] | None:
+    """A value up to its first escaped line end (``pw\\r``, ``pw\\npw\\n``): what is typed."""
+    if val is None:
+        return None
+    v, start, _, quoted = val
+    cut = min((i for i in (v.find("\\r"), v.find("\\n")) if i >= 0), default=len(v))
+    return (v[:cut], start, start + cut, quoted) if cut else None
 
 
 def _generated(v: str) -> bool:

@@ -35,9 +35,12 @@ Then the held-out families were fixed too (optimistic from here on): keys in JWT
 calls, ``process.env.X || 'x'`` and ``env::var("X").unwrap_or("x")`` defaults, RubyGems/
 Mailgun/Alibaba/Tailscale formats, encrypted values (``!vault``, ``ENC[...]``, ``ENC(...)``,
 ``{cipher}``) and ``test-``/``mock-`` values as placeholders, ``docker -p 5432:5432`` as a
-port: held-out 44/50, 44/45. Still missed: five stdin/expect passwords (``echo x | sudo -S``,
-``chpasswd``, ``smbpasswd -s``, ``passwd``, expect's ``send``), a hardhat ``0x`` private key
-in a list; the false positive: a SealedSecret's ``encryptedData`` value.
+port: held-out 44/50, 44/45. Then (the lead, same stop, also optimistic) passwords piped to a
+program that reads stdin (``echo pw | sudo -S``, ``passwd --stdin``, ``smbpasswd -s`` typed
+twice, ``chpasswd``'s ``user:pw``, ``docker login --password-stdin``) and expect's ``send``
+after a password prompt: held-out 48/50, 48/49. Still missed: ``printf ... | passwd`` without
+``--stdin``, a hardhat ``0x`` private key in a list; the false positive: a SealedSecret's
+``encryptedData`` value.
 """
 
 from __future__ import annotations
@@ -114,9 +117,9 @@ def test_tune_floor() -> None:
 
 def test_heldout_floor() -> None:
     # Honest figure (after the tune fixes, never tuned on): 33/50, 33/38; after fixing the
-    # held-out families too (optimistic): 44/50, 44/45 (see the docstring).
+    # held-out families too (optimistic): 48/50, 48/49 (see the docstring).
     r = score("heldout")
-    assert r["labels"] == 50 and r["tp"] >= 44 and r["fp"] <= 1, r["errors"]
+    assert r["labels"] == 50 and r["tp"] >= 48 and r["fp"] <= 1, r["errors"]
 
 
 # Look-alikes of the new rules that must stay unredacted.
@@ -137,7 +140,28 @@ LOOK_ALIKES = [
     ("auth.js", "const secret = process.env.JWT_SECRET || '';\n"),
     ("main.rs", 'let k = env::var("API_KEY").unwrap_or_else(|_| String::new());\n'),
     ("test_api.py", 'client = Client(api_key="test-api-key-123")\n'),
+    ("login.sh", 'echo "$SUDO_PASS" | sudo -S true\n'),
+    ("ci.sh", 'echo "${{ secrets.GHCR_TOKEN }}" | docker login ghcr.io -u x --password-stdin\n'),
+    ("users.sh", 'echo "deploy:$PASS" | chpasswd\n'),
+    ("motd.sh", "echo hello | sudo tee /etc/motd\n"),
+    ("ssh.exp", 'expect "continue connecting (yes/no)?"\nsend "yes\\r"\n'),
 ]
+
+# Passwords typed into a program's stdin (a family added after the held-out set was seen).
+STDIN_TYPED = [
+    ("echo 'Tr0ub4dor&3x' | sudo -S apt-get update\n", ["Tr0ub4dor&3x"]),
+    ("echo 'deploy:Wq8$zLm2Rt' | chpasswd\n", ["Wq8$zLm2Rt"]),
+    ('echo "Gh7!kQ2pXz" | passwd --stdin alice\n', ["Gh7!kQ2pXz"]),
+    ("(echo S3cr3tPw9; echo S3cr3tPw9) | smbpasswd -s -a bob\n", ["S3cr3tPw9"] * 2),
+    ("printf 'Zx8@vB3nMq\\nZx8@vB3nMq\\n' | smbpasswd -s -a carol\n", ["Zx8@vB3nMq"] * 2),
+    ("printf 'dckr_Pw7Lm2Qx9' | docker login -u ci --password-stdin r.io\n", ["dckr_Pw7Lm2Qx9"]),
+    ('spawn ssh admin@host\nexpect "*assword:*"\nsend "Hn4$kW9pZq\\r"\n', ["Hn4$kW9pZq"]),
+]
+
+
+@pytest.mark.parametrize(("text", "values"), STDIN_TYPED)
+def test_passwords_typed_into_stdin(text: str, values: list[str]) -> None:
+    assert [f.value for f in _secret_findings(text, "run.sh")] == values
 
 
 @pytest.mark.parametrize(("path", "text"), LOOK_ALIKES)

@@ -29,6 +29,7 @@ and KV caches get theirs from the same table through `logical_sharding` (logical
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import logging
 import math
 import re
@@ -61,11 +62,32 @@ DEFAULT_RULES: Rules = (
 )
 
 ZERO_STAGES = (0, 1, 2, 3)
-_warned: set[tuple[str, int, str]] = set()
+_warned: set[tuple] = set()
+
+
+class SharedPattern(str):
+    """A ``param_rules`` pattern written for many models (such as
+    ``torchbridge.TENSOR_PARALLEL_RULES``): that it matches nothing in one model is expected,
+    so `name_params` does not warn about it. A plain string is the user's own rule, and a
+    rule of theirs that names no parameter is reported."""
+
+    __slots__ = ()
+
+
+def _warn_once(key: tuple, message: str, *args: Any) -> None:
+    if key not in _warned:
+        _warned.add(key)
+        log.warning(message, *args)
 
 
 def validate_rules(rules: Sequence[tuple[str, MeshAxes]], mesh_axes: Sequence[str]) -> Rules:
     """Check a rules table's shape and mesh-axis names; return it as a tuple."""
+    if isinstance(rules, Mapping):
+        raise ConfigError(
+            f"rules={rules!r} is a dict: pass an ordered sequence of "
+            "(logical_name, mesh_axes) pairs (the first match wins, and a name may have "
+            "several rules), e.g. rules=[*my_rules.items(), *jc.DEFAULT_RULES]."
+        )
     out = []
     for i, rule in enumerate(rules):
         if not (isinstance(rule, tuple | list) and len(rule) == 2 and isinstance(rule[0], str)):
@@ -153,19 +175,17 @@ def logical_to_spec(
             for a in wanted:
                 ways *= mesh.shape[a]
             if shape[dim] % ways:
-                key = (where, dim, str(wanted))
-                if key not in _warned:
-                    _warned.add(key)
-                    log.warning(
-                        "%s: dimension %d (%s, size %d) does not divide over mesh axes %s "
-                        "(%d ways); replicating it instead.",
-                        where or "array",
-                        dim,
-                        name,
-                        shape[dim],
-                        wanted,
-                        ways,
-                    )
+                _warn_once(
+                    (where, dim, shape[dim], str(wanted)),
+                    "%s: dimension %d (%s, size %d) does not divide over mesh axes %s "
+                    "(%d ways); replicating it instead.",
+                    where or "array",
+                    dim,
+                    name,
+                    shape[dim],
+                    wanted,
+                    ways,
+                )
                 continue
             chosen = wanted
             break
@@ -221,13 +241,95 @@ def name_params(
     )
     flat, treedef = jax.tree_util.tree_flatten_with_path(abstract_params)
     out = []
-    for i, (path, _) in enumerate(flat):
-        p = path_str(path)
-        names = next((n for rx, n in compiled if rx.fullmatch(p)), None)
+    paths = [path_str(path) for path, _ in flat]
+    matched = [False] * len(compiled)  # the pattern fullmatches some path
+    first = [False] * len(compiled)  # and is the first rule to match one
+    for i, p in enumerate(paths):
+        names = None
+        for j, (rx, n) in enumerate(compiled):
+            if rx.fullmatch(p):
+                matched[j] = True
+                if names is None:
+                    first[j], names = True, n
+                    shape = tuple(getattr(flat[i][1], "shape", ()))
+                    if len(n) != len(shape):
+                        raise ConfigError(
+                            f"param_rules[{j}] ({param_rules[j][0]!r}) gives {len(n)} names "
+                            f"{n} to {p!r} of shape {shape}; give one logical name (or None) "
+                            "per dimension, or narrow the regex."
+                        )
         if names is None and model_leaves is not None:
             names = model_leaves[i]
         out.append(names)
+    _report_idle_rules(param_rules, matched, first, paths)
     return jax.tree.unflatten(treedef, out)
+
+
+def _report_idle_rules(
+    param_rules: Sequence[tuple[str, LogicalAxes]],
+    matched: list[bool],
+    first: list[bool],
+    paths: list[str],
+) -> None:
+    """Warn about the user's ``param_rules`` that name no parameter: a regex written for
+    another path layout, or one every path of which an earlier rule already took. A
+    warning, not an error: a misnamed parameter costs memory or speed, not correctness
+    (as with an indivisible dimension), and one rules list may serve several models;
+    `SharedPattern` rules (tables meant for many architectures) are left out."""
+    for j, (pattern, _) in enumerate(param_rules):
+        if first[j] or isinstance(pattern, SharedPattern):
+            continue
+        if not matched[j]:
+            # The paths most like the pattern show how they are spelt.
+            near = difflib.get_close_matches(pattern, paths, n=3, cutoff=0)
+            sample = ", ".join(repr(p) for p in near) + f" (of {len(paths)})"
+            _warn_once(
+                ("param_rules", pattern, tuple(paths)),
+                "param_rules[%d] %r matches no parameter, so it does nothing. Patterns are "
+                "fullmatched (re.fullmatch) against paths such as %s: fix the regex (e.g. "
+                "a leading '.*') or drop the rule.",
+                j,
+                pattern,
+                sample,
+            )
+        else:
+            _warn_once(
+                ("param_rules", pattern, tuple(paths)),
+                "param_rules[%d] %r only matches parameters an earlier rule already named "
+                "(the first matching rule wins), so it does nothing: move it before the "
+                "broader rule or drop it.",
+                j,
+                pattern,
+            )
+
+
+def _report_unruled_names(names: Any, abstract_params: Any, rules: Rules) -> None:
+    """Warn about logical names parameters carry that no rule of ``rules`` mentions: those
+    dimensions are replicated whatever the mesh, typically because a rule's name is
+    misspelt (``("mpl", "tensor")``) or a custom table left the name out."""
+    known = list(dict.fromkeys(name for name, _ in rules))
+    users: dict[str, list[str]] = {}
+    flat = jax.tree_util.tree_flatten_with_path(abstract_params)[0]
+    leaves = jax.tree.leaves(names, is_leaf=lambda x: x is None or isinstance(x, tuple))
+    for (path, _), logical in zip(flat, leaves, strict=True):
+        for name in logical or ():
+            if name is not None and name not in known:
+                users.setdefault(name, []).append(path_str(path))
+    used = {n for logical in leaves for n in (logical or ()) if n is not None}
+    for name, where in users.items():
+        idle = [k for k in known if k not in used]
+        close = difflib.get_close_matches(name, idle, n=1)
+        hint = f" The table's rule {close[0]!r} names no parameter: a misspelling?" if close else ""
+        _warn_once(
+            ("unruled", name, tuple(known)),
+            "the rules table has no rule for the logical name %r (on %s), so those "
+            "dimensions are replicated on every mesh.%s Add a rule (%r, mesh axes) to "
+            "`rules`, or (name, None) to replicate it on purpose.",
+            name,
+            ", ".join(where[:6]) + (", ..." if len(where) > 6 else ""),
+            hint,
+            name,
+        )
 
 
 def logical_sharding(
@@ -241,6 +343,18 @@ def logical_sharding(
     kv_heads, length, head_dim)``:
     ``logical_sharding(mesh, rules, ("layers", "batch", "kv_heads", "length", None))``.
     """
+    known = list(dict.fromkeys(name for name, _ in rules))
+    for name in names:
+        if name is not None and name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            _warn_once(
+                ("logical_sharding", name, tuple(known)),
+                "logical_sharding: the rules table has no rule for %r, so that dimension "
+                "is replicated.%s Known names: %s.",
+                name,
+                f" Did you mean {close[0]!r}?" if close else "",
+                ", ".join(map(repr, known)),
+            )
     if shape is None:
         # Sizes every mesh split divides, so that only the names decide.
         shape = [max(mesh.devices.size, 1)] * len(names)
@@ -370,6 +484,7 @@ def plan(abstract_params: Any, logical: Any, mesh: Mesh, rules: Rules, zero: int
 
         return _map_with_names(one, abstract_params, logical)
 
+    _report_unruled_names(logical, abstract_params, rules)
     no_fsdp = ("fsdp",)
     return ShardingPlan(
         params=shardings(() if zero >= 3 else no_fsdp),

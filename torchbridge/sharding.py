@@ -27,6 +27,7 @@ import re
 from typing import Any
 
 from jaxcore import axes
+from jaxcore.sharding import SharedPattern
 
 COLUMN = r"q_proj|k_proj|v_proj|query|key|value|up_proj|gate_proj|fc1|c_fc|w1|w3"
 ROW = r"o_proj|out_proj|down_proj|fc2|c_proj|w2"
@@ -74,8 +75,9 @@ def tensor_parallel_rules(
     ``module``, its ``Conv1D`` layers get rules for their ``(in, out)`` layout first.
     """
     conv = () if module is None else _conv1d_rules(module, column, row, fused)
-    return (
-        *conv,
+    # Written for many architectures, so most match nothing in any one model: shared
+    # patterns, which the engine does not report as rules that name no parameter.
+    generic = (
         (rf"(.*/)?({fused})/weight", (None, axes.EMBED)),
         (rf"(.*/)?({fused})/bias", (None,)),
         (rf"(.*/)?({column})/weight", (axes.MLP, axes.EMBED)),
@@ -84,6 +86,7 @@ def tensor_parallel_rules(
         (rf"(.*/)?({row})/bias", (axes.EMBED,)),
         (rf"(.*/)?({embedding})/weight", (axes.VOCAB, axes.EMBED)),
     )
+    return (*conv, *((SharedPattern(pattern), names) for pattern, names in generic))
 
 
 TENSOR_PARALLEL_RULES = tensor_parallel_rules()

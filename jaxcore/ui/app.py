@@ -19,13 +19,13 @@ from typing import Annotated, Any
 
 import sqlalchemy as sa
 from fastapi import FastAPI, HTTPException, Path, Request
-from fastapi.responses import FileResponse, JSONResponse
+from fastapi.responses import FileResponse, JSONResponse, PlainTextResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from jaxcore.errors import ConfigError
 from jaxcore.experiments.store import MAX_ROW_ID, safe_url
 from jaxcore.ui import queries, snapshots
-from jaxcore.ui.auth import TokenMiddleware
+from jaxcore.ui.auth import TokenMiddleware, check_token
 
 # A row id: what the store's integer keys can hold (a bigger one is a 422, not a 500 from
 # the database driver).
@@ -60,7 +60,7 @@ def dataset_roots(dirs: Iterable[str | pathlib.Path]) -> dict[str, pathlib.Path]
     """``data build`` output directories by a short unique name (their folder name)."""
     roots: dict[str, pathlib.Path] = {}
     for d in dirs:
-        path = pathlib.Path(d).absolute()
+        path = pathlib.Path(d).expanduser().absolute()  # `--datasets=~/out`: no shell
         name, n = path.name or "dataset", 2
         while name in roots:
             name, n = f"{path.name}-{n}", n + 1
@@ -76,7 +76,15 @@ def create_app(
     With ``token`` every route answers 401 unless the request carries it (see
     `jaxcore.ui.auth`); the CLI sets one whenever the bind is not local.
     """
-    reader = queries.StoreReader(db_url)
+    if token is not None:
+        check_token(token, "create_app(token=...)")
+    try:
+        reader = queries.StoreReader(db_url)
+    except sa.exc.ArgumentError:
+        raise ConfigError(
+            f"{db_url!r} is not a database URL; write sqlite:///PATH/jaxcore.db or "
+            "postgresql://USER@HOST/DB."
+        ) from None
     roots = dataset_roots(datasets)
 
     @contextlib.asynccontextmanager
@@ -116,13 +124,24 @@ def create_app(
     def experiments_page() -> FileResponse:
         return page("experiments")
 
+    def page_of(kind: str, ident: str) -> Response:
+        """The page of one experiment or trial; a name or other text where its id goes
+        (`/experiments/asha-quad`) was FastAPI's JSON validation error as the page."""
+        if ident.strip().lstrip("+-").isdigit():
+            return page(kind)
+        return PlainTextResponse(
+            f"404: /{kind}s/ takes a {kind}'s id (a number, e.g. /{kind}s/1), not "
+            f"{ident!r}; the experiments page (/) lists them with their ids.\n",
+            status_code=404,
+        )
+
     @app.get("/experiments/{exp_id}", include_in_schema=False)
-    def experiment_page(exp_id: int) -> FileResponse:
-        return page("experiment")
+    def experiment_page(exp_id: str) -> Response:
+        return page_of("experiment", exp_id)
 
     @app.get("/trials/{trial_id}", include_in_schema=False)
-    def trial_page(trial_id: int) -> FileResponse:
-        return page("trial")
+    def trial_page(trial_id: str) -> Response:
+        return page_of("trial", trial_id)
 
     @app.get("/models", include_in_schema=False)
     def models_page() -> FileResponse:

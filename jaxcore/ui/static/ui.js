@@ -22,11 +22,12 @@ const UI = {
         const q = revision === null ? url : `${url}${sep}since=${encodeURIComponent(revision)}`;
         const data = await UI.get(q);
         if (!data.unchanged) {
-          revision = data.revision;
           render(data);
+          revision = data.revision;  // after render: one that threw is fetched again
           if (status) status.dataset.revision = revision;
         }
         if (status) status.textContent = "live · updated " + new Date().toLocaleTimeString();
+        UI.clearError();  // the store answers again: a 503 or "Failed to fetch" is over
       } catch (e) {
         UI.error(e);
       }
@@ -38,6 +39,11 @@ const UI = {
   error(e) {
     const box = document.getElementById("error");
     if (box) { box.textContent = String(e.message || e); box.hidden = false; }
+  },
+
+  clearError() {
+    const box = document.getElementById("error");
+    if (box && !box.hidden) { box.hidden = true; box.textContent = ""; }
   },
 
   // el("td", {class: "x", dataset: {trial: 3}}, "text", childNode, ...)

@@ -65,7 +65,7 @@ def test_query_token_sets_a_cookie_and_drops_it_from_the_url(app, filled):
         r = c.get(f"/experiments/{filled.asha_id}?token={TOKEN}&x=1", follow_redirects=False)
         assert r.status_code == 303
         assert r.headers["location"] == f"/experiments/{filled.asha_id}?x=1"
-        assert c.cookies.get(COOKIE) == TOKEN  # httponly cookie, sent on later requests
+        assert c.cookies.get(f"{COOKIE}_80") == TOKEN  # httponly, per port; sent on later requests
         assert c.get("/api/experiments").status_code == 200
         c.cookies.clear()
         assert c.get("/api/experiments").status_code == 401

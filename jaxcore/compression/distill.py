@@ -18,6 +18,7 @@ the hard term's when the temperature changes. Averaged over real (unmasked) toke
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -46,12 +47,38 @@ _STACKED = (
 )
 
 
+@dataclasses.dataclass(frozen=True)
+class TokenLimits:
+    """What a batch may hold for both models of a pair (``None``: neither model says)."""
+
+    vocab_size: int | None
+    max_seq_len: int | None
+
+
+def _limit(models: Sequence[nnx.Module], name: str) -> int | None:
+    values = []
+    for model in models:
+        cfg = getattr(model, "cfg", None) or getattr(model, "config", None)
+        value = getattr(cfg, name, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            values.append(value)
+    return min(values) if values else None
+
+
 class DistillPair(nnx.Module):
     """A student and a teacher in one module (params ``{"student": ..., "teacher": ...}``)."""
 
     def __init__(self, student: nnx.Module, teacher: nnx.Module):
         self.student = student
         self.teacher = teacher
+
+    @property
+    def cfg(self) -> TokenLimits:
+        """The token limits of both models, which the engine checks batches against as it
+        does a single model's: the shorter ``max_seq_len`` (a teacher's context is not
+        stretched past what it was built for) and the smaller ``vocab_size``."""
+        models = (self.student, self.teacher)
+        return TokenLimits(_limit(models, "vocab_size"), _limit(models, "max_seq_len"))
 
 
 def distill_pair(
@@ -135,7 +162,8 @@ def _check_vocab(student_logits: jax.Array, teacher_logits: jax.Array) -> None:
 def distill_loss(
     *, temperature: float = 2.0, alpha: float = 0.5
 ) -> Callable[[Any, Any, jax.Array | None], tuple[jax.Array, dict[str, Any]]]:
-    """An ``engine.train_step`` loss for a `DistillPair` on ``{"tokens", "mask"?}`` batches.
+    """An ``engine.train_step`` loss for a `DistillPair` on ``{"tokens", "mask"?}`` batches
+    (packed ones with ``"segments"`` and ``"positions"`` too, read as `lm_loss` reads them).
 
     Reports ``ce`` (the student's hard-label cross-entropy, comparable with `lm_loss`)
     and ``kl`` next to the combined loss.
@@ -160,8 +188,23 @@ def distill_loss(
             if mask is None
             else mask[:, 1:].astype(jnp.float32)
         )
-        teacher_logits = jax.lax.stop_gradient(pair.teacher(inputs))
-        student_logits = pair.student(inputs)
+        # A packed batch as `lm_loss` reads it: both models attend within each example
+        # at its own positions, and no example predicts the next one's first token.
+        segments, positions = batch.get("segments"), batch.get("positions")
+        extra: tuple[jax.Array, ...] = ()
+        if segments is not None or positions is not None:
+            if segments is None or positions is None:
+                raise BatchError(
+                    "distill_loss: a packed batch needs both 'segments' (an id per example, "
+                    "0 for padding) and 'positions' (each example's own, from 0), each "
+                    "shaped like 'tokens'; this one has only "
+                    f"{'segments' if positions is None else 'positions'}."
+                )
+            same = (segments[:, 1:] == segments[:, :-1]) & (segments[:, 1:] != 0)
+            mask = mask * same.astype(jnp.float32)
+            extra = (positions[:, :-1], segments[:, :-1])
+        teacher_logits = jax.lax.stop_gradient(pair.teacher(inputs, *extra))
+        student_logits = pair.student(inputs, *extra)
         _check_vocab(student_logits, teacher_logits)
         return kd_loss(
             student_logits,

@@ -12,6 +12,7 @@ schedule is the special case ``n = 0``: the target sparsity from ``t0`` on.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 
 import jax
 import jax.numpy as jnp
@@ -38,6 +39,20 @@ class SparsitySchedule:
     frequency: int = 1
 
     def __post_init__(self) -> None:
+        for name in ("final", "initial"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real):
+                raise ConfigError(
+                    f"SparsitySchedule.{name}={value!r}: a sparsity is a number in [0, 1) "
+                    "(0.5 prunes half of each layer's weights)."
+                )
+        for name in ("begin_step", "num_updates", "frequency"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise ConfigError(
+                    f"SparsitySchedule.{name}={value!r}: optimizer steps are counted in "
+                    "whole updates; pass an int."
+                )
         if not 0.0 <= self.final < 1.0:
             raise ConfigError(
                 f"SparsitySchedule.final={self.final!r}: the target sparsity must be in "
@@ -52,6 +67,15 @@ class SparsitySchedule:
                 raise ConfigError(f"SparsitySchedule.{name}={getattr(self, name)}: must be >= 0.")
         if self.frequency < 1:
             raise ConfigError(f"SparsitySchedule.frequency={self.frequency}: must be >= 1.")
+        if self.num_updates == 0 and self.initial not in (0.0, self.final):
+            # Without updates after the first the schedule is one-shot to `final`: an
+            # `initial` would be dropped without a word (a forgotten num_updates).
+            raise ConfigError(
+                f"SparsitySchedule(initial={self.initial}, num_updates=0): with no mask "
+                f"updates after the first, pruning is one-shot to final={self.final} and "
+                "initial has no effect; set num_updates (and frequency) for the gradual "
+                "schedule, or drop initial (SparsitySchedule.one_shot)."
+            )
 
     @classmethod
     def one_shot(cls, sparsity: float, *, at_step: int = 0) -> SparsitySchedule:

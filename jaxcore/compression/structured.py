@@ -78,6 +78,65 @@ def _dot(w: jax.Array, g: jax.Array, axes: tuple[int, ...]) -> np.ndarray:
     return np.asarray(jnp.sum(w.astype(jnp.float32) * g.astype(jnp.float32), axis=axes))
 
 
+_UNITS = ("wq", "wk", "wv", "wo", "w_gate", "w_up", "w_down")
+
+
+def _shapes(cfg: TransformerConfig) -> dict[str, tuple[int, ...]]:
+    """The shapes of the unit weights of ``cfg``'s `Transformer` (stacked layers first)."""
+    L, D, H, K, Dh, F, _ = cfg.dims
+    return {
+        "wq": (L, D, H, Dh),
+        "wk": (L, D, K, Dh),
+        "wv": (L, D, K, Dh),
+        "wo": (L, H, Dh, D),
+        "w_gate": (L, D, F),
+        "w_up": (L, D, F),
+        "w_down": (L, F, D),
+    }
+
+
+def _check_names(params: Any, what: str) -> None:
+    missing = [n for n in _UNITS if not isinstance(params, dict) or n not in params]
+    if missing:
+        keys = sorted(params) if isinstance(params, dict) else type(params).__name__
+        raise ConfigError(
+            f"{what}: the params have no {missing} (they hold {keys}); pass the top-level "
+            "params dict of a jaxcore.models.Transformer (a DistillPair's params['student'])."
+        )
+
+
+def _check_params(params: dict[str, Any], cfg: TransformerConfig, what: str) -> None:
+    """Refuse params of another model: out-of-range unit indices would gather NaN."""
+    _check_names(params, what)
+    for name, shape in _shapes(cfg).items():
+        got = tuple(np.shape(params[name]))
+        if got != shape:
+            raise ConfigError(
+                f"{what}: params[{name!r}] has shape {got}, the config's model has {shape} "
+                f"(n_layers={cfg.n_layers}, d_model={cfg.d_model}, n_heads={cfg.n_heads}, "
+                f"n_kv_heads={cfg.n_kv_heads}, d_ff={cfg.d_ff}); pass the config the params "
+                "were built with."
+            )
+
+
+def _check_structure(structure: Structure, cfg: TransformerConfig, what: str) -> None:
+    sizes = {"heads": cfg.n_heads, "kv_heads": cfg.n_kv_heads, "neurons": cfg.d_ff}
+    for field, size in sizes.items():
+        index = np.asarray(getattr(structure, field))
+        if (
+            index.ndim != 2
+            or index.shape[0] != cfg.n_layers
+            or index.shape[1] == 0
+            or index.min() < 0
+            or index.max() >= size
+        ):
+            raise ConfigError(
+                f"{what}: the structure keeps {field} {index.tolist()} (one row per layer), "
+                f"but the model has {cfg.n_layers} layers of {size} {field}; build the "
+                "structure with cz.select(cfg, scores) for this config."
+            )
+
+
 def unit_scores(
     params: dict[str, Any],
     *,
@@ -92,6 +151,7 @@ def unit_scores(
     """
     if method not in METHODS:
         raise ConfigError(f"unit_scores(method={method!r}): use one of {METHODS}.")
+    _check_names(params, "unit_scores")
     p = params
     if method == "magnitude":
         return {
@@ -107,7 +167,15 @@ def unit_scores(
             "calibration batches (one params-shaped pytree per batch)."
         )
     total: dict[str, np.ndarray] = {}
-    for g in grads:
+    for i, g in enumerate(grads):
+        _check_names(g, f"unit_scores: grads[{i}]")
+        for name in _UNITS:
+            if np.shape(g[name]) != np.shape(p[name]):
+                raise ConfigError(
+                    f"unit_scores: grads[{i}][{name!r}] has shape {np.shape(g[name])}, "
+                    f"params[{name!r}] has {np.shape(p[name])}; pass gradients of the loss "
+                    "with respect to these params (jax.grad over the params dict)."
+                )
         one = {
             "heads": np.abs(_dot(p["wq"], g["wq"], (1, 3)) + _dot(p["wo"], g["wo"], (2, 3))),
             "kv_heads": np.abs(_dot(p["wk"], g["wk"], (1, 3)) + _dot(p["wv"], g["wv"], (1, 3))),
@@ -146,11 +214,27 @@ def select(
     if by not in HEAD_MODES:
         raise ConfigError(f"select(by={by!r}): use one of {HEAD_MODES}.")
     L, H, K, F = cfg.n_layers, cfg.n_heads, cfg.n_kv_heads, cfg.d_ff
+    want = {"heads": (L, H), "neurons": (L, F)}
+    if "kv_heads" in scores:
+        want["kv_heads"] = (L, K)
+    for name, shape in want.items():
+        got = np.shape(scores[name]) if name in scores else None
+        if got != shape:
+            raise ConfigError(
+                f"select: scores[{name!r}] has shape {got}, the config's model has "
+                f"(n_layers, {'d_ff' if name == 'neurons' else 'n_' + name}) = {shape}; score "
+                "this model's params (cz.unit_scores(params)) and pass its config."
+            )
     g = H // K
     head_scores = np.asarray(scores["heads"]).reshape(L, K, g)
     keep_heads = _keep_count(H, heads, "heads")
+    if keep_heads == 0:
+        raise ConfigError(
+            f"select(heads={heads}): would remove every query head ({H} - round({H} * "
+            f"{heads}) = 0 kept); prune a smaller fraction."
+        )
     if by == "query":
-        if keep_heads % K or keep_heads == 0:
+        if keep_heads % K:
             raise ConfigError(
                 f"select(heads={heads}): keeping {keep_heads} of {H} query heads does not "
                 f"split evenly over the {K} kv groups (each keeps the same number); prune "
@@ -166,7 +250,7 @@ def select(
                 "only group cannot go without removing every head; use by='query' to prune "
                 "query heads within the group."
             )
-        if keep_heads % g or keep_heads == 0:
+        if keep_heads % g:
             raise ConfigError(
                 f"select(heads={heads}, by='kv_group'): keeping {keep_heads} of {H} query "
                 f"heads is not a whole number of groups of {g}; prune a multiple of 1/{K}."
@@ -200,6 +284,8 @@ def shrink(
     params: dict[str, Any], cfg: TransformerConfig, structure: Structure
 ) -> tuple[TransformerConfig, dict[str, Any]]:
     """The smaller model: its config and the parameters sliced to the kept units."""
+    _check_params(params, cfg, "shrink")
+    _check_structure(structure, cfg, "shrink")
     out = dict(params)
     out["wq"] = _take(params["wq"], structure.heads, 2)
     out["wo"] = _take(params["wo"], structure.heads, 1)
@@ -223,6 +309,8 @@ def mask_structure(
     params: dict[str, Any], cfg: TransformerConfig, structure: Structure
 ) -> dict[str, Any]:
     """Same shapes, the pruned units' weights set to zero (the reference for `shrink`)."""
+    _check_params(params, cfg, "mask_structure")
+    _check_structure(structure, cfg, "mask_structure")
     L = cfg.n_layers
     h = jnp.asarray(_keep_mask(structure.heads, cfg.n_heads))
     k = jnp.asarray(_keep_mask(structure.kv_heads, cfg.n_kv_heads))

@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import hashlib
 import importlib
 import json
 import os
@@ -201,7 +202,25 @@ def _settings(cfg: RunConfig) -> dict[str, Any]:
     for key, off in _RECORDED_WHEN_SET.items():
         if flat.get(key) == off:
             del flat[key]
+    for key in _READ_FILES:
+        if flat.get(key) and pathlib.Path(flat[key]).is_file():
+            flat[key + _CONTENTS] = _sha256(pathlib.Path(flat[key]))
     return flat
+
+
+# The record files a run reads by position: a resume continues at the same record
+# index, so another file under the same path (edited, regenerated, shuffled) would train
+# the rest of the run on other records. Their SHA-256 is recorded beside the path.
+_READ_FILES = ("data.path", "prompts.path")
+_CONTENTS = " contents (sha256)"
+
+
+def _sha256(path: pathlib.Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 # Settings added after runs already recorded theirs: left out at their default, so the
@@ -212,12 +231,33 @@ _RECORDED_WHEN_SET = {"model_hf": None, "loss.reference_free": False}
 def check_out(cfg: RunConfig) -> None:
     """Refuse a ``train.out`` folder that holds a run started with other settings:
     resuming it (or keeping its final checkpoint) would leave a model of the old
-    settings, or one trained partly under each. Reads only (see `_record_settings`)."""
-    record = pathlib.Path(cfg.train.out) / RUN_RECORD
+    settings, or one trained partly under each. Reads only (see `_record_settings`).
+    A ``train.out`` that is a file, or lies below one, is refused before anything
+    compiles (its first write failed with a FileExistsError traceback)."""
+    out = pathlib.Path(cfg.train.out)
+    if blocker := next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None):
+        raise ConfigError(
+            f"train.out {out}: {blocker} is a file, not a folder; pass another --out (or "
+            "train.out)."
+        )
+    record = out / RUN_RECORD
     if not record.is_file():
         return
     mine, theirs = _settings(cfg), json.loads(record.read_text())
+    for key in [k for k in mine.keys() | theirs.keys() if k.endswith(_CONTENTS)]:
+        if key not in mine or key not in theirs:  # a run recorded before, or no file now
+            mine.pop(key, None)
+            theirs.pop(key, None)
     changed = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k))
+    if changed and all(k.endswith(_CONTENTS) for k in changed):
+        path = changed[0].removesuffix(_CONTENTS)
+        raise ConfigError(
+            f"train.out {cfg.train.out} holds a run started on another {path} file: "
+            f"{mine[path]} changed since (sha256 {theirs[changed[0]][:12]}... -> "
+            f"{mine[changed[0]][:12]}...), and a resume reads on at the same record "
+            "position. Put the file back as it was, or pass another --out (or train.out) "
+            "for the new data."
+        )
     if changed:
         shown = "; ".join(f"{k}: {theirs.get(k)!r} -> {mine.get(k)!r}" for k in changed[:5])
         raise ConfigError(
@@ -263,7 +303,7 @@ def run_rl(
     once (nothing new).
     """
     from jaxcore import Preempted
-    from rlhf.checkpoint import DirectoryCheckpoints
+    from rlhf.checkpoint import DirectoryCheckpoints, latest_iteration
     from rlhf.grpo import GRPOTrainer
     from rlhf.layout import build_roles
     from rlhf.ppo import PPOTrainer
@@ -272,7 +312,14 @@ def run_rl(
 
     t, p = cfg.train, cfg.prompts
     # First, so a bad prompts file, reward or reward.model path fails before anything
-    # compiles.
+    # compiles. A run holding more iterations than asked is refused, as SFT's is (it
+    # printed "nothing to do: ... already holds all N steps" for a smaller N).
+    saved = latest_iteration(pathlib.Path(t.out) / "checkpoints") if checkpoints is None else None
+    if saved is not None and saved > t.steps:
+        raise ConfigError(
+            f"train.out {t.out} holds a run trained for {saved} steps, more than "
+            f"train.steps={t.steps}; pass --steps {saved} or more, or another --out."
+        )
     fixed = None
     if p.path:
         records = read_jsonl(p.path, ("prompt",), where="prompts.path", tokenizer=p.tokenizer)
@@ -290,10 +337,19 @@ def run_rl(
             )
         _check_prompt_room(records, cfg, where)
         fixed = [r["prompt"] for r in records]
+    else:  # random prompts of prompts.length ids: the same room check, naming the setting
+        _check_prompt_room([{"prompt": [0] * p.length}], cfg, "prompts.length")
+    _check_rollout_rows(cfg)
     rewards = [(load_reward(s), s.weight) for s in cfg.rewards]
     reward_model = None
     if cfg.reward is not None:
-        reward_model = load_reward_model(cfg.reward.model, _engine(cfg), cfg.model)
+        longest = max(map(len, fixed)) if fixed is not None else p.length
+        reward_model = load_reward_model(
+            cfg.reward.model,
+            _engine(cfg),
+            cfg.model,
+            rollout_len=longest + getattr(cfg, cfg.stage).max_tokens,
+        )
     roles = build_roles(cfg, _optimizer)  # colocated or split, LoRA or full actor
     sampler = roles.sampler
     if reward_model is not None:
@@ -351,6 +407,11 @@ def _records(cfg: RunConfig, keys: tuple[str, ...]) -> tuple[list[dict], list[di
     d = cfg.data
     if d.path:
         records = read_jsonl(d.path, keys, tokenizer=d.tokenizer)
+        if not records:
+            raise ConfigError(
+                f"data.path {d.path} holds no records; write one JSON object a line (see "
+                "configs/rlhf/ and the RLHF section of README.md)."
+            )
     else:
         records = synthetic_records(
             d.n + d.held_out,
@@ -612,6 +673,57 @@ def _joined() -> bool:
     return bool(jax.distributed.is_initialized())
 
 
+def _shards(engine: Any) -> int:
+    """How many data-parallel shards ``engine`` cuts a batch into: the smallest batch
+    `jaxcore.Engine.local_rows` accepts (every accepted size is a multiple of it)."""
+    import jax
+
+    from jaxcore import BatchError
+
+    for rows in range(1, jax.device_count() + 1):
+        try:
+            engine.local_rows(rows)
+        except BatchError:
+            continue
+        return rows
+    return 1
+
+
+def _check_rollout_rows(cfg: RunConfig) -> None:
+    """Each iteration's rollouts split into the batches the roles train and score on,
+    checked before anything compiles: a batch that is no multiple of an engine's
+    data-parallel shards stopped the first iteration after its rollout ("batch[tokens]
+    has leading size 4, which does not divide into 8 data-parallel shards")."""
+    import jaxcore as jc
+    from rlhf.split import SplitLayout
+
+    count = cfg.prompts.count
+    layout = SplitLayout(cfg.split, seed=cfg.train.seed) if cfg.split is not None else None
+    if cfg.stage == "grpo":
+        g = cfg.grpo.num_generations
+        rows, what = count * g, f"batches of prompts.count x grpo.num_generations = {count} x {g}"
+        per, unit = 1, "prompts.count x grpo.num_generations"
+    else:
+        k = cfg.ppo.num_minibatches
+        rows, what = (
+            count / k,
+            f"minibatches of prompts.count / ppo.num_minibatches = {count} / {k}",
+        )
+        per, unit = k, "prompts.count"
+    roles = ("actor", "critic") if cfg.stage == "ppo" else ("actor",)
+    for role in roles:
+        engine = layout.engine(role) if layout else jc.Engine(parallel=cfg.parallel)
+        ways = _shards(engine)
+        if rows != int(rows) or int(rows) % ways:
+            raise ConfigError(
+                f"{cfg.stage} trains the {role} on {what} rollouts, which its {ways} "
+                f"data-parallel shards cannot split evenly; use a {unit} that is a multiple "
+                f"of {ways * per}."
+            )
+        if layout is None:
+            return  # one mesh: every role shards as the actor does
+
+
 def _check_prompt_room(records: list[dict], cfg: RunConfig, where: str) -> None:
     """Every prompt leaves ``max_tokens`` of room in the sampler's context (``serving.
     max_len``, else ``model.max_seq_len``), checked at start: the sampler would refuse it
@@ -622,10 +734,12 @@ def _check_prompt_room(records: list[dict], cfg: RunConfig, where: str) -> None:
     for i, r in enumerate(records, 1):
         n = len(r["prompt"])
         if n + max_tokens > limit:
+            which = f"{where}: record {i}: the prompt" if where != "prompts.length" else where
+            fix = "shorten or drop the prompt" if where != "prompts.length" else "lower it"
             raise ConfigError(
-                f"{where}: record {i}: the prompt has {n} tokens and {cfg.stage}.max_tokens "
+                f"{which} has {n} tokens and {cfg.stage}.max_tokens "
                 f"is {max_tokens} ({n + max_tokens} in all), over the sampler's context of "
-                f"{limit} tokens (serving.max_len); shorten or drop the prompt, lower "
+                f"{limit} tokens (serving.max_len); {fix}, lower "
                 f"{cfg.stage}.max_tokens, or raise serving.max_len (up to model.max_seq_len)."
             )
 

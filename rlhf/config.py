@@ -250,13 +250,27 @@ def _parses_as_float(text: str) -> bool:
     return True
 
 
+def _yaml_number(text: str) -> bool:
+    """Whether YAML reads ``text`` unquoted as a number (``1``, ``1.0e-3``; not ``1e-3``,
+    which YAML 1.1 reads as a string)."""
+    try:
+        value = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return False
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def _checked(value: Any, hint: Any, where: str) -> Any:
     """``value`` (a list as a tuple where a tuple goes), or a `ConfigError` naming ``where``
     and the type wanted."""
     options = _options(hint)
     if not _fits(value, hint):
-        numeric = float in options and isinstance(value, str) and _parses_as_float(value)
-        fix = " (YAML reads 1e-3 as a string: write 1.0e-3)" if numeric else ""
+        fix = ""
+        if (int in options or float in options) and isinstance(value, str):
+            if _yaml_number(value):  # a number YAML reads: it was quoted
+                fix = " (a quoted number is a string: write it without the quotes)"
+            elif float in options and _parses_as_float(value):
+                fix = " (YAML reads 1e-3 as a string: write 1.0e-3)"
         wanted = " or ".join(_describe(a) for a in options)
         raise ConfigError(f"{where}: expected {wanted}, got {value!r}{fix}.")
     if isinstance(value, list) and any(
@@ -308,6 +322,7 @@ def parse_config(stage: str, raw: Any) -> RunConfig:
         )
     _check_layout(stage, raw, fields)
     _check_synthetic_ids(stage, fields)
+    _check_sft_rows(stage, fields)
     return RunConfig(stage=stage, **fields)
 
 
@@ -331,6 +346,21 @@ def _hf_model(stage: str, model: Any, raw: dict) -> str | None:
     if not isinstance(model["hf"], str):
         raise ConfigError(f"model.hf: expected a str (a model directory), got {model['hf']!r}.")
     return model["hf"]
+
+
+def _check_sft_rows(stage: str, fields: dict) -> None:
+    """SFT rows hold ``loss.length + 1`` tokens (inputs and the shifted target): longer
+    than ``model.max_seq_len + 1`` they stopped the first step, after compiling, with a
+    batch error naming neither setting."""
+    if stage != "sft":
+        return
+    length, limit = (fields.get("loss") or LossSection()).length, fields["model"].max_seq_len
+    if length > limit:
+        raise ConfigError(
+            f"loss.length={length}: SFT rows hold loss.length + 1 = {length + 1} tokens, "
+            f"past model.max_seq_len={limit} (+1 for the shifted target); use a loss.length "
+            f"of at most {limit}."
+        )
 
 
 def _check_synthetic_ids(stage: str, fields: dict) -> None:

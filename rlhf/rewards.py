@@ -66,11 +66,16 @@ def _no_reward_model(path: pathlib.Path, found: str) -> ConfigError:
 
 
 def load_reward_model(
-    path: str | pathlib.Path, engine: Engine, policy: TransformerConfig
+    path: str | pathlib.Path,
+    engine: Engine,
+    policy: TransformerConfig,
+    *,
+    rollout_len: int | None = None,
 ) -> ModelReward:
     """The newest checkpoint under ``<path>/checkpoints`` of a ``jaxcore rlhf reward`` run,
     restored onto ``engine``'s mesh as a frozen `ModelReward` for a ``policy`` whose
-    vocabulary it must share."""
+    vocabulary it must share. ``rollout_len`` (the longest prompt + ``max_tokens``): the
+    longest sequence it will score, checked against the reward model's own context."""
     import optax
 
     from jaxcore import CheckpointConfig, Checkpointer
@@ -98,6 +103,14 @@ def load_reward_model(
                 f"reward.model: {path} scores a vocabulary of {cfg.vocab_size} ids but the "
                 f"policy's model.vocab_size is {policy.vocab_size}; train the reward model "
                 "with the policy's tokenizer and vocabulary."
+            )
+        # As the engine's batch check: a row may hold max_seq_len + 1 tokens.
+        if rollout_len is not None and rollout_len > cfg.max_seq_len + 1:
+            raise ConfigError(
+                f"reward.model: {path} was trained with model.max_seq_len={cfg.max_seq_len}, "
+                f"but the rollouts it scores run to {rollout_len} tokens (the longest prompt "
+                "+ max_tokens); train it with a model.max_seq_len of at least "
+                f"{rollout_len}, or shorten the prompts or lower max_tokens."
             )
         # The optimizer only shapes the restore target (the reward run trained with adam).
         state, _ = ckpt.restore_or_init(

@@ -40,15 +40,46 @@ def chat_example(
     ``tokenizers`` or ``transformers`` fast tokenizer): those are loaded with it, so the
     template renders to text and no special token is added to the completion.
     """
+    prompt, completion = split_chat(tokenizer, messages, "chat_example")
+    if not completion:  # as `jaxcore rlhf sft` refuses the record: it would train nothing
+        raise ConfigError(
+            "chat_example: the assistant's answer (the last message) has no content; an "
+            "answer needs at least one token to train on."
+        )
+    return prompt, completion
+
+
+def check_messages(messages: Sequence[Any], where: str) -> None:
+    """Every message a ``{role, content}`` mapping with a role: a chat template renders
+    a missing role as an empty one (ChatML's ``<|im_start|>`` then the content at once),
+    a conversation no model was tuned on, so it is refused naming the message rather
+    than trained on (transformers' templates do not check roles)."""
+    for i, m in enumerate(messages):
+        if not isinstance(m, Mapping):
+            raise ConfigError(
+                f"{where}: message {i} is a {type(m).__name__}, not a {{role, content}} object."
+            )
+        if not isinstance(m.get("role"), str) or not m["role"]:
+            raise ConfigError(
+                f"{where}: message {i} has no role ({str(dict(m))[:80]}); give each message "
+                "a role (system, user, assistant, ...) and its content."
+            )
+
+
+def split_chat(
+    tokenizer: Any, messages: Sequence[Mapping[str, Any]], where: str
+) -> tuple[list[int], list[int]]:
+    """`chat_example` with errors that start with ``where`` (a record's file:line)."""
     if (
         isinstance(tokenizer, str | os.PathLike)
         or not hasattr(tokenizer, "apply_chat_template")
         or hasattr(tokenizer, "backend_tokenizer")
     ):
         tokenizer = load_tokenizer(tokenizer)
+    check_messages(messages, where)
     if not messages or messages[-1].get("role") != "assistant":
         raise ConfigError(
-            "chat_example: the last message must be the assistant's answer to train on "
+            f"{where}: the last message must be the assistant's answer to train on "
             f"(got roles {[m.get('role') for m in messages]})."
         )
     prompt = tokenizer.apply_chat_template(list(messages[:-1]), add_generation_prompt=True)

@@ -218,7 +218,7 @@ class _Encoder:
 
     def chat(self, messages: Any, at: str) -> dict[str, list[int]]:
         """``{"prompt", "completion"}`` from an SFT line's chat ``messages``."""
-        from rlhf.sft import chat_example
+        from rlhf.sft import split_chat
 
         if self._spec is None:
             raise ConfigError(
@@ -227,7 +227,7 @@ class _Encoder:
             )
         if not _messages(messages):
             raise ConfigError(f"{at}: messages must be a list of {{role, content}} objects.")
-        prompt, completion = chat_example(self._load(), messages)
+        prompt, completion = split_chat(self._load(), messages, at)
         return {"prompt": prompt, "completion": completion}
 
     def __call__(self, value: Any, *, prompt: bool, at: str, after: Any = None) -> list[int]:
@@ -248,8 +248,9 @@ class _Encoder:
         """A prompt's messages rendered by the chat template (with the generation prompt);
         an answer's assistant messages as the template renders them after the prompt
         (``after``, when that is messages too), else as their content."""
-        from rlhf.sft import answer_ids
+        from rlhf.sft import answer_ids, check_messages
 
+        check_messages(messages, at)
         tokenizer = self._load()
         if prompt:
             return tokenizer.encode(tokenizer.apply_chat_template(messages))

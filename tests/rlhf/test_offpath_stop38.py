@@ -82,6 +82,8 @@ def test_text_and_chat_prompts_with_prompts_tokenizer(tmp_path, monkeypatch, cap
         **GRPO,
         "model": {**GRPO["model"], "vocab_size": 256, "max_seq_len": 64},
         "serving": {"slots": 8, "max_len": 48},
+        # 2 prompts x 4 generations: rollouts the 8 fsdp shards split (checked at start)
+        "grpo": {**GRPO["grpo"], "num_generations": 4},
         "prompts": {"count": 2, "path": str(path)},
     }
     bare = write_config(tmp_path, "bare.yaml", raw)

@@ -470,8 +470,7 @@ class Checkpointer:
                 f"preempted: saved step {step} to {self.step_dir(step)}; exiting with code "
                 f"{PREEMPTION_EXIT_CODE}"
             )
-            log.warning(msg)
-            self._print(msg)
+            self._announce(msg, logging.WARNING)
             raise Preempted(step)
         return saved
 
@@ -490,8 +489,7 @@ class Checkpointer:
             "from this run. Resume with restore_or_init, use another "
             "CheckpointConfig.directory, or save(force=True)."
         )
-        log.warning(msg)
-        self._print(msg)
+        self._announce(msg, logging.WARNING)
 
     def _claim_directory(self) -> None:
         if jax.process_index() != 0:
@@ -681,8 +679,7 @@ class Checkpointer:
         src = self.step_dir(step)
         dst = self.directory / DAMAGED_DIR / f"{step}-{int(time.time())}"
         msg = f"checkpoint {src} is damaged: {damage}; moving it to {dst}"
-        log.error(msg)
-        self._print(msg)
+        self._announce(msg, logging.ERROR)
         failure: OSError | None = None
         if jax.process_index() == 0 and src.exists():
             try:
@@ -796,8 +793,7 @@ class Checkpointer:
                 "repeats the data from its current position. Position it yourself (a "
                 f"jaxcore.Loader: loader.seek({step})) or start a new directory."
             )
-            log.warning(msg)
-            self._print(msg)
+            self._announce(msg, logging.WARNING)
         return state
 
     def _check_compatible(self, step: int, record: dict, target: TrainState) -> None:
@@ -865,15 +861,20 @@ class Checkpointer:
             checked = has_manifest(self.step_dir(step)) and self.config.verify != "none"
             how = "verified" if checked else "UNVERIFIED"
             msg = f"resumed from checkpoint {self.step_dir(step)} (step {step}, {how})"
-            log.info(msg)
-            self._print(msg)
+            self._announce(msg, logging.INFO)
             return state, loader
         self.resumed_step = self.resumed_from = None
         msg = f"no checkpoint in {self.directory}: starting from step 0"
-        log.info(msg)
-        self._print(msg)
+        self._announce(msg, logging.INFO)
         return plan.init(), loader
 
-    def _print(self, msg: str) -> None:
+    def _announce(self, msg: str, level: int) -> None:
+        """Print ``msg`` on process 0 (``announce``) and log it, once on the terminal.
+
+        Importing Orbax gives the root logger absl's stderr handler, so a warning logged
+        and printed showed twice; where the line is printed, its record goes at INFO.
+        """
         if self.config.announce and jax.process_index() == 0:
             print(f"[jaxcore.checkpoint] {msg}", file=sys.stderr, flush=True)
+            level = min(level, logging.INFO)
+        log.log(level, msg)

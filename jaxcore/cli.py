@@ -28,6 +28,19 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 # the user has not set GLIBC_TUNABLES (XLA:CPU steps 1.36x faster, jaxcore/runtime.py).
 # `make demo` and `jaxcore launch` set them already; a plain `jaxcore run` did not.
 TRAINING_SUBCOMMANDS = frozenset({"demo", "run", "train", "rlhf"})
+# subcommand -> the pyproject extras its optional imports come from (for the hint when
+# one is missing); the others need only the core dependencies.
+EXTRAS: dict[str, str] = {
+    "demo": "data,experiments,serve,run",
+    "run": "data,experiments,serve,run",
+    "data": "data",
+    "serve": "serve",
+    "train": "experiments",
+    "experiment": "experiments",
+    "trial": "experiments",
+    "model": "experiments",
+    "ui": "ui,experiments",
+}
 
 
 def _usage() -> str:
@@ -75,9 +88,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         module = importlib.import_module(module_name)
     except ImportError as e:
+        extra = EXTRAS.get(name)
+        fix = (
+            f"pip install 'jaxcore[{extra}]'"
+            if extra
+            else f"pip install {e.name or 'the missing package'}"
+        )
         print(
-            f"jaxcore {name}: cannot import {module_name} ({e}). Install the extra it needs, "
-            "e.g. pip install 'jaxcore[data]'.",
+            f"jaxcore {name}: cannot import {module_name} ({e}). Install it: {fix}.",
             file=sys.stderr,
         )
         return 2

@@ -199,6 +199,19 @@ def _check_fields(fields: dict[str, Any], what: str = "Engine") -> None:
     check_keywords(what, [f.name for f in dataclasses.fields(EngineConfig)], fields, hints)
 
 
+def _not_an_engine_config(config: object) -> str:
+    """What to write instead of ``Engine(x)`` when ``x`` is not an `EngineConfig`."""
+    if isinstance(config, ParallelConfig):
+        return (
+            f"Engine({config!r}): the first argument is an EngineConfig; a ParallelConfig "
+            "goes in parallel=, e.g. jc.Engine(parallel=jc.ParallelConfig(fsdp=-1))."
+        )
+    return (
+        f"Engine(config={config!r}): expected a jaxcore.EngineConfig (or keywords, e.g. "
+        f"jc.Engine(zero=3)), got {type(config).__name__}."
+    )
+
+
 class Engine:
     """A mesh plus a run config: plans models onto the devices.
 
@@ -217,6 +230,8 @@ class Engine:
         **fields: Any,
     ):
         _check_fields(fields)
+        if config is not None and not isinstance(config, EngineConfig):
+            raise ConfigError(_not_an_engine_config(config))
         if config is None:
             config = EngineConfig(**fields)
         elif fields:

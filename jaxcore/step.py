@@ -51,6 +51,30 @@ def check_live(state: Any, what: str) -> None:
             )
 
 
+def run_jitted(jitted: Callable, state: TrainState, batch: Any, what: str) -> Any:
+    """Call a step's jitted function; a state of another plan is a `StateError`.
+
+    A step is compiled for the state of the plan it was built from. A state of another
+    plan (another optimizer, model or trainable set) reached JAX as a pytree mismatch
+    against ``in_shardings``, which does not say which state or how to fix it.
+    """
+    try:
+        return jitted(state, batch)
+    except ValueError as e:
+        if "pytree structure" not in str(e) or "in_shardings[0]" not in str(e):
+            raise
+        detail = next(
+            (line.strip() for line in str(e).splitlines() if line.startswith("At that key")),
+            str(e).splitlines()[0],
+        )
+        raise StateError(
+            f"{what}: this TrainState is not of the plan the step was built from ({detail}). "
+            "Build the step from the state's own plan (plan.train_step / plan.eval_step); "
+            "engine.train_step uses the engine's latest plan, so with several models hold "
+            "each plan."
+        ) from None
+
+
 def _train_fn(plan: TrainPlan, loss_fn: LossFn) -> Callable:
     """The pure ``(state, batch) -> (state, metrics)`` that gets jitted."""
     cfg, policy, adapter, tx = plan.config, plan.policy, plan.adapter, plan.optimizer
@@ -235,7 +259,7 @@ class TrainStep:
         batch = self.plan._as_global(batch, self._checker)
         if self._monitor is not None and not own:
             self._host_step = int(state.step)  # a state this step did not make: read once
-        new_state, metrics = self.jitted(state, batch)
+        new_state, metrics = run_jitted(self.jitted, state, batch, "train step")
         self._last = weakref.ref(new_state)
         if self._monitor is not None:
             self._host_step += 1
@@ -298,4 +322,6 @@ class EvalStep:
 
     def __call__(self, state: TrainState, batch: Any) -> dict:
         check_live(state, "eval step")
-        return self.jitted(state, self.plan._as_global(batch, self._checker))
+        return run_jitted(
+            self.jitted, state, self.plan._as_global(batch, self._checker), "eval step"
+        )

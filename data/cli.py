@@ -119,10 +119,18 @@ def main(argv: list[str] | None = None) -> int:
                 reason=args.reason,
                 date=args.date,
             )
-            print(
-                f"registry {args.registry} now at version {reg.version} "
-                f"({len(reg.entries)} entries)"
-            )
+            if reg.existing is not None:
+                e = reg.existing
+                print(
+                    f"registry {args.registry} already has this rule (added {e.date}: "
+                    f"{e.reason}); unchanged at version {reg.version} ({len(reg.entries)} "
+                    "entries)"
+                )
+            else:
+                print(
+                    f"registry {args.registry} now at version {reg.version} "
+                    f"({len(reg.entries)} entries)"
+                )
         elif args.cmd == "stats":
             from data.stats import print_stats
 

@@ -317,14 +317,11 @@ class IngestStep(Step):
         unlistable: list[OSError] = []
         for dirpath, dirs, files in os.walk(root, onerror=unlistable.append):
             yield from self._unlistable(unit, root, unlistable)
-            dirs[:] = sorted(
-                d for d in dirs if d != ".git" and not os.path.islink(os.path.join(dirpath, d))
-            )
-            link_dirs = [
-                d
-                for d in os.listdir(dirpath)
-                if d not in files and os.path.islink(os.path.join(dirpath, d))
-            ]
+            # os.walk (not following links) lists a link to a folder among ``dirs``; it is
+            # a file entry here (dropped as ``symlink``). Taken from walk's own listing:
+            # listing the folder again failed when it had vanished since (a build crash).
+            link_dirs = [d for d in dirs if os.path.islink(os.path.join(dirpath, d))]
+            dirs[:] = sorted(d for d in dirs if d != ".git" and d not in link_dirs)
             for f in sorted(files + link_dirs):
                 full = os.path.join(dirpath, f)
                 rel = os.path.relpath(full, root).replace(os.sep, "/")
@@ -388,6 +385,11 @@ class IngestStep(Step):
     # -- git ---------------------------------------------------------------------------
     def _read_git(self, unit: RepoUnit, stats: StageStats) -> Iterator[Entry]:
         path = unit.path
+        if not os.path.isdir(path):  # gone since the plan, as a vanished folder is
+            rec = FileRecord(repo=unit.name, path="")
+            rec.drop(self.name, "unreadable")
+            yield rec, None
+            return
         commit, date = git_head(path)
         listing = subprocess.run(
             ["git", "-C", path, "ls-tree", "-r", "-z", "-l", "--full-tree", commit],
@@ -450,15 +452,41 @@ class IngestStep(Step):
     # -- archives ----------------------------------------------------------------------
     def _read_archive(self, unit: RepoUnit, stats: StageStats) -> Iterator[Entry]:
         reader = self._read_zip if unit.path.lower().endswith(".zip") else self._read_tar
+        try:
+            size = os.path.getsize(unit.path)
+        except OSError:  # gone (or unreadable) since the plan, as a vanished folder is
+            rec = FileRecord(repo=unit.name, path="")
+            rec.drop(self.name, "unreadable")
+            yield rec, None
+            return
         # Expanded bytes allowed: the byte budget, and the ratio times the archive's size
         # (with 1 MiB of slack so tiny archives of small files pass).
-        ratio_cap = int(
-            self.config.max_compression_ratio * max(os.path.getsize(unit.path), 1 << 20)
-        )
-        budget = [min(self.config.max_archive_bytes, ratio_cap), self.config.max_archive_members]
+        ratio_cap = int(self.config.max_compression_ratio * max(size, 1 << 20))
         self._ratio_bound = ratio_cap < self.config.max_archive_bytes
+
+        def budget() -> list[int]:
+            return [min(self.config.max_archive_bytes, ratio_cap), self.config.max_archive_members]
+
         try:
-            yield from reader(unit, budget)
+            # A first pass reads the archive through, within the same bounds, keeping
+            # nothing: damage is found before any member is yielded, so a cut download or
+            # a member failing its CRC does not publish the members before it (part of a
+            # repository, perhaps without its license file). It costs a second
+            # decompression of each archive.
+            # It also finds each path's last entry: an archive can hold one path twice (`tar
+            # -r` appends a newer copy, zip tools add a duplicate name), and extracting it
+            # leaves the last, as tar and unzip do; the earlier ones are `duplicate_path`.
+            last: dict[str, int] = {}
+            for i, (rec, _) in enumerate(reader(unit, budget())):
+                key = safe_member_path(rec.path) if rec.path else None
+                if key is not None:
+                    last[key] = i
+            for i, (rec, raw) in enumerate(reader(unit, budget())):
+                key = safe_member_path(rec.path) if rec.path else None
+                if not rec.drop_stage and key is not None and last.get(key) != i:
+                    rec.drop(self.name, "duplicate_path")
+                    raw = None
+                yield rec, raw
         except (
             tarfile.TarError,
             zipfile.BadZipFile,
@@ -529,18 +557,25 @@ class IngestStep(Step):
                 if kind == "dir":
                     continue
                 fh = tf.extractfile(m) if kind == "file" else None
-                out = self._member(
-                    unit,
-                    m.name,
-                    m.size,
-                    kind,
-                    budget,
-                    fh.read if fh is not None else (lambda n: b""),
-                )
+
+                def read(n: int, fh=fh, size=m.size) -> bytes:
+                    raw = fh.read(n) if fh is not None else b""
+                    if fh is not None and len(raw) < min(n, size):
+                        # tarfile's stream mode returns a cut member's bytes short and
+                        # then ends as if the archive had: a cut .tar read as complete.
+                        raise tarfile.ReadError("unexpected end of data")
+                    return raw
+
+                out = self._member(unit, m.name, m.size, kind, budget, read)
                 if out is not None:
                     yield out
                 if out is not None and out[0].drop_reason in BUDGET_REASONS:
                     return
+            # A tar ends with a zero block, which tarfile reads and stops at; at the end of
+            # the stream instead it stops the same way, reading nothing: a .tar cut between
+            # two members. (``offset`` is where the next header would start.)
+            if tf.fileobj.tell() <= tf.offset:
+                raise tarfile.ReadError("unexpected end of data (no end-of-archive block)")
 
     def _read_zip(self, unit: RepoUnit, budget: list[int]) -> Iterator[Entry]:
         with zipfile.ZipFile(unit.path) as zf:

@@ -41,6 +41,7 @@ from data.pii_scan import (
 from data.records import FileRecord, StageStats
 from data.secrets import (
     PROVIDER_PATTERNS,
+    SECRET_LINE_WORDS,
     find_secrets,
     provider_value_ok,
     shannon_entropy,
@@ -527,7 +528,11 @@ class PIIDetector:
         # lower() only ever lengthens a string (e.g. "İ"); equal length = same offsets.
         self._low: str | None = low if len(low) == len(text) else None
         t = self.types
-        secret_spans = _word_lines(text, SECRET_WORDS, self._low) if t & {"key", "password"} else []
+        secret_spans = (
+            _word_lines(text, SECRET_WORDS + SECRET_LINE_WORDS, self._low)
+            if t & {"key", "password"}
+            else []
+        )
         if "key" in t:
             found += self._keys(text, secret_spans)
         if t & {"key", "password"}:

@@ -198,9 +198,42 @@ def _inputs_key(cfg: BuildConfig) -> str:
     (less run-only settings), the opt-out registry and the decontamination files."""
     config = {k: v for k, v in cfg.to_dict().items() if k not in RUN_ONLY_FIELDS}
     h = hashlib.sha256(json.dumps(config, sort_keys=True).encode())
-    for f in (cfg.optout.registry, *cfg.decontam.files):
+    registry = _registry_path(cfg) if cfg.optout.registry else ""
+    for f in (registry, *cfg.decontam.files):
         h.update(b"\0" + (Path(f).read_bytes() if f and Path(f).is_file() else b""))
     return h.hexdigest()
+
+
+def _registry_path(cfg: BuildConfig) -> str:
+    """The opt-out registry this build reads: the copy ``_freeze_registry`` made at its
+    start when there is one, else the configured file."""
+    frozen = _work(cfg) / "optout.yaml"
+    return str(frozen) if frozen.is_file() else cfg.optout.registry
+
+
+def _load_registry(cfg: BuildConfig) -> OptOutRegistry:
+    return OptOutRegistry.load(_registry_path(cfg)) if cfg.optout.registry else OptOutRegistry()
+
+
+def _freeze_registry(cfg: BuildConfig) -> None:
+    """Copy the opt-out registry into ``_work`` at the build's start (main process, under
+    the version lock): every shard and the manifest read that copy, so an `optout add`
+    while the build runs cannot apply to some shards and not others, or give the manifest
+    a registry version its shards did not honour. The request applies from the next
+    version (or a rebuild: the copy is taken again, and the plan's inputs hash refuses a
+    resume with another registry)."""
+    frozen = _work(cfg) / "optout.yaml"
+    frozen.unlink(missing_ok=True)
+    reg = cfg.optout.registry
+    if reg and Path(reg).is_file():
+        frozen.parent.mkdir(parents=True, exist_ok=True)
+        tmp = frozen.with_name(frozen.name + ".tmp")
+        with open(tmp, "wb") as fh:
+            fh.write(Path(reg).read_bytes())
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, frozen)
+    _load_registry(cfg)  # the copy itself is checked (it may differ from what was checked)
 
 
 def _plan(cfg: BuildConfig, *, check: bool = True) -> list[list[RepoUnit]]:
@@ -288,7 +321,7 @@ def stage1_shard(config: dict[str, Any], shard: int) -> dict[str, Any]:
     if delay:  # window in which the resume test kills a build
         time.sleep(delay)
     units = _plan(cfg, check=False)[shard]
-    registry = OptOutRegistry.load(cfg.optout.registry) if cfg.optout.registry else OptOutRegistry()
+    registry = _load_registry(cfg)
     steps = [
         IngestStep(cfg.ingest),
         LanguageStep(cfg.language),
@@ -574,7 +607,8 @@ def _check_inputs(cfg: BuildConfig) -> None:
     """Refuse a decontamination file that is not there before any shard starts (it failed
     mid-build with "free space or fix permissions"), and say so when the opt-out registry
     named in the config does not exist: it is read as empty (no opt-outs, registry
-    version 0), which a mistyped path would otherwise do silently."""
+    version 0), which a mistyped path would otherwise do silently; one that is not the
+    registry's YAML is refused naming it."""
     for i, f in enumerate(cfg.decontam.files):
         if not Path(f).is_file():
             raise DataConfigError(
@@ -584,7 +618,9 @@ def _check_inputs(cfg: BuildConfig) -> None:
                 "relative path is read from the build file's folder",
             )
     reg = cfg.optout.registry
-    if reg and not Path(reg).exists():
+    if reg and Path(reg).exists():
+        OptOutRegistry.load(reg)  # a damaged registry is refused here, not in every shard
+    elif reg:
         log.warning(
             "optout.registry %s does not exist: no opt-outs are applied (registry version "
             "0). If that is not intended, fix the path; `data optout add --registry %s ...` "
@@ -602,6 +638,7 @@ def _build(cfg: BuildConfig) -> dict[str, Any]:
         from data.tokens import load_tokenizer
 
         load_tokenizer(cfg.tokenize)  # a wrong path or eos_token fails now, not at the end
+    _freeze_registry(cfg)  # the registry every shard and the manifest read
     _plan(cfg)  # made (or checked against the config) before the workers start
     pii_secret(cfg)  # created before the workers start
     config = cfg.to_dict()
@@ -629,7 +666,7 @@ def _build(cfg: BuildConfig) -> dict[str, Any]:
     for s in stage_stats:
         if s.dropped:
             by_stage[s.name] = s.dropped
-    registry = OptOutRegistry.load(cfg.optout.registry) if cfg.optout.registry else OptOutRegistry()
+    registry = _load_registry(cfg)
     files = [f"shards/part-{s:05d}.parquet" for s in shards]
     drop_files = [f"drops/part-{s:05d}.parquet" for s in shards]
     pii_files = [f"pii_log/part-{s:05d}.parquet" for s in shards]

@@ -75,6 +75,10 @@ PROVIDER_PATTERNS = [
         r"\bkey-[a-f0-9]{32}\b",  # mailgun-private-api-token
         r"\bLTAI[A-Za-z0-9]{20}\b",  # alibaba-access-key-id
         r"\btskey-(?:auth|api|client|scim|webhook)-[A-Za-z0-9]{6,}-[A-Za-z0-9]{20,}",  # Tailscale
+        r"\bgsk_[A-Za-z0-9]{52}\b",  # Groq API key
+        r"\br8_[A-Za-z0-9]{37}\b",  # Replicate API token
+        r"\blsv2_(?:pt|sk)_[a-f0-9]{32}_[a-f0-9]{10}\b",  # LangSmith API key
+        r"\bpscale_(?:tkn|pw|oauth)_[\w.-]{32,64}\b",  # planetscale-api-token/-password
         r"\beyJ[\w-]{8,}\.eyJ[\w-]{8,}\.[\w-]{16,}",  # jwt
     )
 ]
@@ -120,6 +124,10 @@ PROVIDER_HINTS = (
     "key-",
     "LTAI",
     "tskey-",
+    "gsk_",
+    "r8_",
+    "lsv2_",
+    "pscale_",
     "eyJ",
 )
 # jwt.io's example token (HS256, "John Doe", iat 1516239022), in countless tutorials.
@@ -141,6 +149,14 @@ PASSWORD_PARTS = frozenset(
 # Password names in one lowercase word (offlineimap's ``remotepass``, mutt's ``smtppass``).
 JOINED_PASSWORD_NAMES = frozenset(
     {"remotepass", "localpass", "smtppass", "imappass", "dbpass", "rootpass", "adminpass"}
+)
+# The general form of those: a qualifier glued to pass/pwd/passwd (keytool's ``-storepass``,
+# ``-srcstorepass``, ``-keypass``; ``sshpass``-style ``sudopass``, ``mailpwd``); ``bypass``,
+# ``compass``, ``multipass`` have no such qualifier.
+JOINED_PASSWORD = re.compile(
+    r"(?:src|dest|new|old|cur)?(?:store|key|trust|root|admin|db|smtp|imap|pop|remote|local|"
+    r"user|ssh|sudo|become|mail|ftp|proxy|vnc|master|bind|login|sys|web|ldap|redis|mysql|pg)"
+    r"(?:pass|pwd|passwd|pw)"
 )
 SECRET_PARTS = frozenset(
     {
@@ -453,6 +469,8 @@ def name_kind(name: str) -> str | None:
         return None
     if any(p in PASSWORD_PARTS for p in parts) or "password" in low or "passwd" in low:
         return "password"
+    if any(JOINED_PASSWORD.fullmatch(p) for p in parts):
+        return "password"
     if any(p in SECRET_PARTS for p in parts) or any(w in low for w in JOINED_KEY_NAMES):
         return "key"
     for i, p in enumerate(parts):
@@ -572,6 +590,9 @@ PLACEHOLDER = re.compile(
     r"^!vault|^ENC\[|^ENC\(|^\{cipher\}|^(?:test|mock)[-_]|"
     r"(.)\1{5,}"
 )
+# A value that is a URL without userinfo (``sm://projects/p/secrets/s``, ``awssm://x``):
+# a secret store's reference, not the secret (a provider-format match may still be a URL).
+URL_REFERENCE = re.compile(r"[a-z][a-z0-9+.-]{1,20}://[^\s@]*$")
 # A regex: a group construct, a class escape, a ranged class, a counted repeat, or
 # both anchors (one anchor alone is a plausible password character).
 REGEX_LIKE = re.compile(r"\(\?[=!:<i]|\\[dwsSWD]|\[[^\]]*-[^\]]*\]|\{\d+,\d*\}|^\^.*\$$")
@@ -605,6 +626,8 @@ def is_reference_or_placeholder(value: str) -> bool:
     if EXAMPLE_JWT_PAYLOAD in v or any(sig in v for sig in EXAMPLE_JWT_SIGNATURES):
         return True
     if PATH_LIKE.search(v) or v.startswith(("http://", "https://")):
+        return True
+    if URL_REFERENCE.match(v):
         return True
     return len(set(v)) <= 2
 
@@ -640,6 +663,8 @@ def key_value_ok(value: str, hexbar: float = 3.0, b64bar: float = 4.0, min_hex: 
         and len(letters) == len(v.replace("-", "").replace("_", ""))
     ):
         return False  # one-case words (my-ssh-key, users_list): names, not secrets
+    if re.fullmatch(r"0[xX][0-9a-fA-F]+", v):
+        v = v[2:]  # 0x-prefixed hex (an Ethereum private key): judged as its hex digits
     hexlike = re.fullmatch(r"[0-9a-fA-F]+", v) is not None
     if hexlike and len(v) < min_hex:
         return False  # under 128 bits of hex: ids and short hashes
@@ -735,7 +760,11 @@ TYPED_TAIL = re.compile(
 # Dockerfile's legacy `ENV NAME value` (no `=`), C's `#define NAME "value"`, fish's
 # `set -gx NAME value`, csh's `setenv NAME value`, Windows' `setx NAME value`.
 ENV_SPACE_TAIL = re.compile(r"[ \t]+" + _VALUE)
-ENV_SPACE_HEAD = re.compile(r"(?:ENV|#define|setx|setenv|set(?:[ \t]+-[a-zA-Z]+)+)[ \t]*")
+# Also Tcl's `set name "value"` and Lisp's `(setq name "value")`, `(defvar name "value")`.
+ENV_SPACE_HEAD = re.compile(
+    r"(?:ENV|#define|setx|setenv|set(?:[ \t]+-[a-zA-Z]+)+)[ \t]*|[ \t]*set[ \t]+|"
+    r"[ \t]*\((?:setq(?:-default)?|setf|defvar|defconst|defparameter|defcustom|define|def)[ \t]+"
+)
 # Config-file directives whose value is a password: redis.conf's `requirepass x` and
 # `masterauth x` (the names are not key-like words).
 DIRECTIVE = re.compile(
@@ -751,7 +780,31 @@ SETTER_TAIL = re.compile(r"(?:\.set|\.setValue)?\(\s*" + _Q + r"\s*\)")
 ARGV_TAIL = re.compile(r"""["']\s*,\s*""" + _Q)
 # "name", "value" pairs: PHP define(), setenv(), .set("password", ...), env["NAME"] = "...".
 # Kotlin's mapOf("password" to "x").
-PAIR_TAIL = re.compile(r"""["']\s*(?:,|\]\s*=|to(?=\s))\s*""" + _Q)
+# (Not ``"MasterUserPassword", "ParameterValue": ...``: a string before ":" is the next key.)
+PAIR_TAIL = re.compile(r"""["']\s*(?:,|\]\s*=|to(?=\s))\s*""" + _Q + r"(?![ \t]*:)")
+# Erlang/Elixir tuples: {db_password, "x"}, {:password, "x"}.
+TUPLE_TAIL = re.compile(r"""\s*,\s*""" + _Q + r"\s*\}")
+# Property lists: <key>ApiKey</key> <string>x</string> (the value is the next element).
+PLIST_TAIL = re.compile(r"</key>\s*<string>(?P<bv>[^<>\s]{3,1024})</string>")
+# An element named by an attribute: Android's <string name="api_key">x</string>.
+NAMED_ELEMENT_TAIL = re.compile(
+    r"""["'](?:\s+[\w:.-]+\s*=\s*["'][^"'<>]*["'])*\s*>(?P<bv>[^<>\s]{3,1024})</"""
+)
+# Proxy/server header directives: nginx ``proxy_set_header X-Auth-Token "x"``, HAProxy
+# ``http-request set-header X-API-Key x``, Apache ``RequestHeader set X-Api-Key x``, Caddy
+# ``header_up X-Api-Key x``: the header's name decides, the value follows a space.
+HEADER_DIRECTIVE = re.compile(
+    r"(?i)\b(?:proxy_set_header|add_header|more_set_(?:input_)?headers|set-header|add-header|"
+    r"header_up|header_down|(?:Request)?Header[ \t]+(?:set|add|append|merge))[ \t]+"
+    r"(?P<name>[\w-]{2,64}):?[ \t]+"
+)
+HEADER_VALUE = re.compile(r"[ \t]*(?:" + _Q + r"|" + _BARE + r")")
+# Squid's cache_peer ... login=user:password.
+SQUID_LOGIN = re.compile(r"\blogin=[^\s:=]+:(?P<bv>[^\s\"']+)")
+# MySQL's SET PASSWORD [FOR user] = 'x' (or = PASSWORD('x'), the pre-8.0 form).
+SQL_SET_PASSWORD = re.compile(
+    r"(?i)\bSET\s+PASSWORD\s+(?:FOR\s+\S+\s*)?=\s*(?:PASSWORD\s*\(\s*)?" + _Q
+)
 # Gradle/Groovy DSL, SQL "PASSWORD 'x'": a name, spaces, then a quoted value.
 DSL_TAIL = re.compile(r"[ \t]+" + _Q)
 # Command-line flags: --password x, --token=x, -Password x.
@@ -787,8 +840,11 @@ NETRC_ENTRY_LOOKBACK = 240
 # docker login -p X, redis-cli -a X).
 SHORT_FLAG_TOOLS = re.compile(
     r"(?i)\b(?:mysql\w*|mariadb|sshpass|docker|podman|redis-cli|"
-    r"mongo\w*|htpasswd|smbclient|sqlcmd|ftp|lftp|curl|wget|ldap\w+|psexec|paexec)\b"
+    r"mongo\w*|htpasswd|smbclient|sqlcmd|ftp|lftp|curl|wget|ldap\w+|psexec|paexec)\b|"
+    r"(?<![\w.-])(?:zip|unzip|zipcloak|7z|7za|7zr)(?![\w.-])"  # the command, not a.zip
 )
+# Info-ZIP's password flag is -P only (unzip -p pipes to stdout).
+ZIP_TOOLS = re.compile(r"(?i)(?<![\w.-])(?:zip|unzip|zipcloak)(?![\w.-])")
 SHORT_FLAG = re.compile(r"(?<![\w-])-(?P<flag>[pPaw])[ \t]*" + _VALUE)
 # HTTP auth schemes; Authorization's value is the scheme's credential.
 AUTH_SCHEME = re.compile(
@@ -861,8 +917,39 @@ PROSE_SECRET = re.compile(
     r"(?<=password)[ \t]+(?=`))"
     r"[`'\"]?(?P<bv>[^\s`'\"]{8,128})"
 )
-# Positional passwords of CLI tools: htpasswd -b file user PASSWORD, chpasswd "user:PW".
+# Positional passwords of CLI tools: htpasswd -b file user PASSWORD, chpasswd "user:PW",
+# mosquitto_passwd -b file user PASSWORD, rabbitmqctl add_user/change_password user PASSWORD,
+# Windows' net user NAME PASSWORD /add.
+_POS_PW = r"""(?:(?P<q>["'])(?P<qv>[^"'\n]{1,256})(?P=q)|(?P<bv>[^\s"'*/][^\s]*))"""
 CLI_POSITIONAL = re.compile(r"\bhtpasswd\s+-\w*b\w*\s+(?:-\w+\s+)*\S+\s+\S+\s+(?P<bv>\S+)")
+CLI_POSITIONALS = (
+    (re.compile(r"\bmosquitto_passwd\s+-b\s+\S+\s+\S+\s+" + _POS_PW), "mosquitto_passwd"),
+    (
+        re.compile(r"\brabbitmqctl\s+(?:-\S+\s+)*(?:add_user|change_password)\s+\S+\s+" + _POS_PW),
+        "rabbitmqctl",
+    ),
+    (re.compile(r"(?i)\bnet\s+user\s+[^\s/]+\s+" + _POS_PW + r"(?=[^\n]*/add\b)"), "net user"),
+)
+# JSON Web Keys: the private members (RFC 7518: RSA d/p/q/dp/dq/qi, EC d, symmetric k) of
+# the object around a "kty" member (read from that line; a JWK's members are flat);
+# n/e/x/y are public.
+JWK_PRIVATE = re.compile(r'"(?:d|p|q|dp|dq|qi|k)"\s*:\s*"(?P<bv>[A-Za-z0-9_-]{16,})"')
+JWK_CONTEXT = 4096
+# Words that mark a line for the rules above beyond ``pii_scan.SECRET_WORDS`` (lines with
+# none of those words: ``rabbitmqctl add_user u pw``, ``net user u pw /add``, a JWK).
+SECRET_LINE_WORDS = ("rabbitmqctl", "net user", '"kty"')
+# Records that hold a setting as a name and a value field: Kubernetes/Azure Pipelines
+# ``- name: DB_PASSWORD`` / ``value: x``, ECS ``{"name": ..., "value": ...}``, Postman's
+# ``{"key": ..., "value": ...}``, CloudFormation's ParameterKey/ParameterValue.
+RECORD_NAME_HEAD = re.compile(
+    r"""(?<![\w-])["']?(?:name|Name|NAME|key|Key|KEY|ParameterKey|OptionName)["']?\s*[:=]\s*["']?$"""
+)
+RECORD_FIELD = re.compile(
+    r"""(?<![\w-])["']?(?P<f>name|Name|NAME|key|Key|KEY|ParameterKey|OptionName|"""
+    r"""value|Value|VALUE|ParameterValue|OptionValue)["']?[ \t]*[:=][ \t]*"""
+)
+RECORD_VALUE = re.compile(r"[ \t]*" + _VALUE)
+RECORD_LOOKAHEAD = 400
 # Query strings: ?access_token=x&...
 QUERY = re.compile(r"[?&](?P<name>[\w.-]{1,40})=(?P<bv>[^&\s\"'<>)`]{8,})")
 QUERY_KEY_NAMES = frozenset({"key", "sig"})
@@ -926,6 +1013,13 @@ def _value(m: re.Match[str], query: bool = False) -> tuple[str, int, int, bool] 
         before = m.string[m.start("q") - 1 : m.start("q")]
         if v.endswith("\\") and before == "\\":
             v = v[:-1]  # \"value\" inside a string literal
+        elif m.group("q") == '"' and (len(v) - len(v.rstrip("\\"))) % 2:
+            # "ab\"cd": an escaped quote inside the value, which runs to the next unescaped "
+            txt, i = m.string, m.end("qv") + 1
+            while i < len(txt) and txt[i] not in '"\n':
+                i += 2 if txt[i] == "\\" else 1
+            if i < len(txt) and txt[i] == '"':
+                v = txt[start:i]
         elif before == "R" and len(v) > 2 and v[0] == "(" and v[-1] == ")":
             v, start = v[1:-1], start + 1  # C++ raw string R"(value)"
         return v, start, start + len(v), True
@@ -983,6 +1077,12 @@ def _line_secrets(text: str, s: int, e: int) -> Iterator[Hit]:
                 continue
             if m.group("flag") == "w" and "ldap" not in low:
                 continue  # -w is a password for ldapsearch/ldapmodify/... only
+            if (
+                m.group("flag") != "P"
+                and ZIP_TOOLS.search(line)
+                and not SHORT_FLAG_TOOLS.search(ZIP_TOOLS.sub("", line))
+            ):
+                continue
             if PORT_MAP.fullmatch(m.group(0), 2):
                 continue  # docker run -p 5432:5432: a port mapping
             yield from _judge("password", _value(m), "")
@@ -993,6 +1093,7 @@ def _line_secrets(text: str, s: int, e: int) -> Iterator[Hit]:
         (NETRC, "login"),
         (IDENTIFIED_BY, "identified"),
         (CLI_POSITIONAL, "htpasswd"),
+        *CLI_POSITIONALS,
         (CURL_USER, "curl"),
         (SMB_USER, "%"),
         (DIRECTIVE, "requirepass"),
@@ -1004,6 +1105,8 @@ def _line_secrets(text: str, s: int, e: int) -> Iterator[Hit]:
         (NET_USE, "/user:"),
         (SP_ADDLOGIN, "sp_addlogin"),
         (SQL_OPTIONS_PASSWORD, "options"),
+        (SQUID_LOGIN, "login="),
+        (SQL_SET_PASSWORD, "set password"),
     ):
         if needle in low:
             for m in rx.finditer(text, s, e):
@@ -1076,6 +1179,17 @@ def _line_secrets(text: str, s: int, e: int) -> Iterator[Hit]:
         for rx in WEBHOOKS:
             for m in rx.finditer(text, s, e):
                 yield "key", m.start("bv"), m.end("bv"), m.group("bv")
+    if "header" in low:
+        for m in HEADER_DIRECTIVE.finditer(text, s, e):
+            name = m.group("name")
+            if name.lower() != "authorization":  # AUTH_SCHEME reads "Scheme credential"
+                yield from _judge(name_kind(name), _value_at(HEADER_VALUE, text, m.end(), e), name)
+    if (kty := line.find('"kty"')) >= 0:
+        at = s + kty
+        lo, hi = text.rfind("{", max(0, at - JWK_CONTEXT), at), text.find("}", at, at + JWK_CONTEXT)
+        if lo >= 0 and hi >= 0:
+            for m in JWK_PRIVATE.finditer(text, lo, hi):
+                yield from _judge("key", _value(m), "private_key")
     if "variable" in low and (m := HCL_VARIABLE.match(text, s, e)):
         name = m.group("name")
         yield from _judge(name_kind(name), _hcl_variable_default(text, m.end()), name)
@@ -1169,6 +1283,9 @@ def _named_secrets(text: str, s: int, e: int, low: str) -> Iterator[Hit]:
             yield from _judge(kind, _value_at(PAIR_TAIL, text, b, e), name)
             if KEYVALUE_HEAD.search(text, max(s, a - 12), a):
                 yield from _judge(kind, _value_at(KEYVALUE_TAIL, text, b, e), name)
+                yield from _judge(kind, _value_at(NAMED_ELEMENT_TAIL, text, b, e), name)
+        elif before == ">" and text.endswith("<key>", max(s, a - 5), a):
+            yield from _judge(kind, _value_at(PLIST_TAIL, text, b, min(len(text), e + 256)), name)
         elif before == "<":
             m = ELEMENT_TAIL.match(text, b, e)
             if m is None:  # <Password>\n  <Value>x</Value>
@@ -1179,6 +1296,22 @@ def _named_secrets(text: str, s: int, e: int, low: str) -> Iterator[Hit]:
                 yield from _judge(kind, _value(m), name)
         if before == ":" or _dsl_ok(text, s, a):  # Clojure's {:password "x"}
             yield from _judge(kind, _value_at(DSL_TAIL, text, b, e), name)
+        if before == "{" or (before == ":" and text[a - 2 : a - 1] == "{"):
+            yield from _judge(kind, _value_at(TUPLE_TAIL, text, b, e), name)
+        if RECORD_NAME_HEAD.search(text, max(s, a - 24), a):
+            yield from _judge(kind, _record_value(text, b), name)
+
+
+def _record_value(text: str, pos: int) -> tuple[str, int, int, bool] | None:
+    """The ``value`` field of the name/value record whose name field ends at ``pos``: the
+    first value field within ``RECORD_LOOKAHEAD`` characters, before any next name field."""
+    end = min(len(text), pos + RECORD_LOOKAHEAD)
+    for m in RECORD_FIELD.finditer(text, pos, end):
+        if m.group("f").lower().endswith(("name", "key")):
+            return None  # the next record
+        nl = text.find("\n", m.end(), end)
+        return _value_at(RECORD_VALUE, text, m.end(), end if nl < 0 else nl)
+    return None
 
 
 # Terraform/HCL: a variable block whose name says password/key/token holds its value in

@@ -259,7 +259,10 @@ def load_manifest(version_dir: str | Path) -> dict[str, Any]:
                 f"{version_dir} is an output_dir, not a version. Fix: give one of its "
                 f"versions: {shown}"
             )
-        raise BuildError(f"{version_dir} has no manifest.json: not a finished build")
+        raise BuildError(
+            f"{version_dir} has no manifest.json: not a finished build. Fix: finish it by "
+            "rerunning its `data build` (finished shards are kept), or give a finished version"
+        )
     try:
         return json.loads(p.read_text())
     except json.JSONDecodeError as e:

@@ -212,6 +212,16 @@ class Scheduler:
                 "max_tokens.",
                 code="context_length_exceeded",
             )
+        largest = self.engine.buckets[-1]
+        if len(prompt) > largest:  # it was admitted, then failed in its prefill (a 500)
+            raise RequestError(
+                f"the prompt has {len(prompt)} tokens but the largest prefill bucket is "
+                f"{largest} (the buckets are {self.engine.buckets}, from "
+                "ServingConfig.prefill_buckets). Shorten the prompt, or serve with a "
+                f"bucket of at least {len(prompt)} (prefill_buckets=None: powers of two up "
+                f"to max_len={self.max_len}).",
+                code="context_length_exceeded",
+            )
         if self.pool is not None:
             total = min(len(prompt) + max(params.max_tokens, 1), self.max_len)
             pages = -(-total // self.pool.page_size)

@@ -169,10 +169,18 @@ class PagePool:
         source = None
         if start % ps:  # the block holding `start` already has some of our positions
             source = full[start // ps] if start // ps < len(full) else partial
-        pinned = [*shared, *([source] if source is not None else [])]
-        idle = sum(1 for p in set(pinned) if self._refs[p] == 0)
-        if needed - len(shared) > self.free_pages() - idle:
+        if source is not None and not self._fits(needed, shared, source):
+            # The copy source is one more idle page held during admission: in a pool just
+            # big enough for this request it never fit, even with nothing else running,
+            # and the request waited forever. Recompute that block's head instead.
+            start -= start % ps
+            shared, source = full[: start // ps], None
+            cached_scores = (
+                cached_scores[: start + 1] if cached_scores is not None and start else None
+            )
+        if not self._fits(needed, shared, source):
             return None
+        pinned = [*shared, *([source] if source is not None else [])]
         for page in pinned:
             self._pin(page)
         fresh = [self._take() for _ in range(needed - len(shared))]
@@ -207,6 +215,13 @@ class PagePool:
             hashes=hashes,
             scores=cached_scores,
         )
+
+    def _fits(self, needed: int, shared: list[int], source: int | None) -> bool:
+        """Whether ``needed`` pages, ``shared`` of them cached ones (and ``source`` pinned
+        for a copy), can be had now: idle cached pages we pin are not free for the rest."""
+        pinned = {*shared, *([source] if source is not None else [])}
+        idle = sum(1 for p in pinned if self._refs[p] == 0)
+        return needed - len(shared) <= self.free_pages() - idle
 
     def _register(
         self, page: int, h: int, parent: int, prompt: list[int], b: int, findable: bool = True

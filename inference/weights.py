@@ -115,6 +115,9 @@ def load_safetensors(
     folder = path if path.is_dir() else path.parent
     if path.is_dir():
         path = path / "model.safetensors"
+    no_config = not (folder / "config.json").is_file()
+    if no_config and not path.is_file() and (folder / "model.safetensors.index.json").is_file():
+        _refuse_hf_without_config(folder)
     if not path.is_file():
         raise jc.ConfigError(
             f"model: {path} does not exist. Pass a .safetensors file written by "
@@ -130,6 +133,8 @@ def load_safetensors(
             f"config.json names a model_type); pass the folder ({folder}) so its "
             "config.json, tokenizer and generation config are read."
         )
+    if no_config and not info.get("model_config") and _hf_names(params):
+        _refuse_hf_without_config(folder)
     if config is not None:
         hint = (
             "The file carries its own config: drop config= (--config)."
@@ -151,6 +156,24 @@ def load_safetensors(
         f"model: {path} does not say its model config (jc.export_checkpoint files do not); "
         "pass config=TransformerConfig(...) (or --config for the server), or put a "
         "config.json of TransformerConfig fields beside it."
+    )
+
+
+def _hf_names(params: dict[str, Any]) -> bool:
+    """Tensors named as ``save_pretrained`` names them (``model.embed_tokens.weight``)."""
+    model = params.get("model")
+    return isinstance(model, dict) and "embed_tokens" in model
+
+
+def _refuse_hf_without_config(folder: Path) -> None:
+    """A ``save_pretrained`` folder whose ``config.json`` is gone: restoring that file is
+    the fix (a config.json of TransformerConfig fields, which the error used to ask for,
+    does not fit Hugging Face tensor names)."""
+    raise jc.ConfigError(
+        f"model: {folder} holds Hugging Face weights (model.embed_tokens.weight, ...) but "
+        "no config.json; put back the config.json that save_pretrained wrote (a "
+        "jaxcore.hf.save or `jaxcore export --hf` that failed midway leaves none: run it "
+        "again) and pass the folder."
     )
 
 

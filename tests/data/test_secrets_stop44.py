@@ -45,51 +45,20 @@ after a password prompt: held-out 48/50, 48/49. Still missed: ``printf ... | pas
 
 from __future__ import annotations
 
-import json
 import random
-import re
 from pathlib import Path
 
 import pytest
-
-from data.pii import PIIDetector
+from secrets_scoring import load_cases, secret_findings
+from secrets_scoring import score as score_split
 
 SET = Path(__file__).with_name("secrets_stop44.jsonl")
-
-
-def _cases() -> tuple[dict, list[dict]]:
-    lines = SET.read_text().splitlines()
-    return json.loads(lines[0]), [json.loads(line) for line in lines[1:] if line.strip()]
-
-
-HEADER, CASES = _cases()
-DETECTOR = PIIDetector()
-
-
-def _secret_findings(text: str, path: str) -> list:
-    return [f for f in DETECTOR.find(text, path) if f.kind in ("key", "password")]
+HEADER, CASES = load_cases(SET)
+_secret_findings = secret_findings
 
 
 def score(split: str) -> dict:
-    """Recall: labelled values whose every occurrence lies inside a key/password finding;
-    precision: such findings that overlap a labelled value."""
-    r = {"labels": 0, "tp": 0, "findings": 0, "fp": 0, "errors": []}
-    for c in (c for c in CASES if c["split"] == split):
-        found = _secret_findings(c["text"], c["path"])
-        occ = {v: [m.span() for m in re.finditer(re.escape(v), c["text"])] for v in c["secrets"]}
-        spans = [sp for v in c["secrets"] for sp in occ[v]]
-        for v in c["secrets"]:
-            r["labels"] += 1
-            if all(any(f.start <= a and b <= f.end for f in found) for a, b in occ[v]):
-                r["tp"] += 1
-            else:
-                r["errors"].append(("missed", c["kind"], c["path"], v))
-        for f in found:
-            r["findings"] += 1
-            if not any(f.start < b and a < f.end for a, b in spans):
-                r["fp"] += 1
-                r["errors"].append(("false positive", c["kind"], c["path"], f.value))
-    return r
+    return score_split(CASES, split)
 
 
 def test_split_rule() -> None:

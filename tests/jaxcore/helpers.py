@@ -35,9 +35,10 @@ def host(tree):
     return jax.tree.map(lambda x: np.asarray(jax.device_get(x)), tree)
 
 
-def reference_run(init_params, batches, tx):
-    """Plain single-device jax.jit + optax loop: the losses and the final parameters."""
-    graphdef, abstract = nnx.split(nnx.eval_shape(lambda: factory(nnx.Rngs(0))))
+def reference_run(init_params, batches, tx, model=factory):
+    """Plain single-device jax.jit + optax loop: the losses and the final parameters
+    (``model``: the factory the parameters are of)."""
+    graphdef, abstract = nnx.split(nnx.eval_shape(lambda: model(nnx.Rngs(0))))
 
     def loss_fn(params, batch):
         state = jax.tree.map(lambda x: x, abstract)

@@ -18,6 +18,8 @@ from jaxcore import remat
 from jaxcore import sharding as shd
 from jaxcore.models import Transformer, TransformerConfig, lm_loss
 
+from .helpers import reference_run
+
 CFG = TransformerConfig.tiny(d_model=32, d_ff=64, max_seq_len=16)
 P = jc.ParallelConfig
 SHARDING_LOG = "jaxcore.sharding"
@@ -154,29 +156,6 @@ def _odd_batches() -> list[dict[str, np.ndarray]]:
     return out
 
 
-def _reference(init, batches, tx):
-    graphdef, abstract = nnx.split(nnx.eval_shape(lambda: factory(nnx.Rngs(0))))
-
-    def loss_fn(params, batch):
-        state = jax.tree.map(lambda x: x, abstract)
-        nnx.replace_by_pure_dict(state, params)
-        return lm_loss(nnx.merge(graphdef, state), batch, None)[0]
-
-    @jax.jit
-    def step(params, opt_state, batch):
-        loss, grads = jax.value_and_grad(loss_fn)(params, batch)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
-
-    device = jax.devices()[0]
-    params = jax.device_put(init, device)
-    opt_state, losses = tx.init(params), []
-    for b in batches:
-        params, opt_state, loss = step(params, opt_state, jax.device_put(b, device))
-        losses.append(float(loss))
-    return np.array(losses), jax.device_get(params)
-
-
 @pytest.mark.slow  # ~6.5 CPU-s: three compiles (init, pipelined step, reference)
 def test_groups_with_odd_accumulation_through_the_3d_pipeline_match_one_device():
     """pipeline=2 x fsdp=2 x tensor=2, 4 microbatches x grad_accum=3, two learning rates."""
@@ -192,7 +171,7 @@ def test_groups_with_odd_accumulation_through_the_3d_pipeline_match_one_device()
         state, metrics = step(state, b)
         losses.append(float(metrics["loss"]))
     assert float(metrics["pipeline_bubble"]) == pytest.approx(1 / 13)  # (S-1)/(M+S-1), M=12
-    ref_losses, ref_params = _reference(init, batches, _groups())
+    ref_losses, ref_params = reference_run(init, batches, _groups(), model=factory)
     np.testing.assert_allclose(losses, ref_losses, rtol=2e-6)
     params = jax.device_get(state.params)
     for k in ref_params:

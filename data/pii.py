@@ -156,29 +156,55 @@ EMAIL = re.compile(
     rf"|\"[^\"\\\n@]{{1,62}}\")@" + _DOMAIN  # conor.o'brien@tcd.ie, "jane roe"@x.io (RFC 5322)
 )
 # Addresses written out to dodge harvesters: ``jane [at] x [dot] io``, ``k(at)uni-bonn.de``,
-# ``jane AT x DOT io``, ``jane at x dot com`` (group 1: local part, 2: domain, 3: TLD).
+# ``jane AT x DOT io``, ``jane at x dot com``, the local part's dots written out too
+# (``jane dot roe at x dot com``, as Arch PKGBUILDs do; group 1: local part, 2: domain,
+# 3: TLD).
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 _BR_AT, _BR_DOT = (rf"\s?[\[({{<]\s?(?i:{w})\s?[\])}}>]\s?" for w in ("at", "dot"))
 OBFUSCATED_EMAIL = re.compile(
-    r"(?<![\w.+-])([A-Za-z0-9][\w.+-]{0,63})(?:"
+    r"(?<![\w.+-])([A-Za-z0-9][\w.+-]{0,63}(?:(?i: dot |\s?[\[({<]\s?dot\s?[\])}>]\s?)"
+    r"[A-Za-z0-9][\w+-]{0,63}){0,3})(?:"
     rf"{_BR_AT}((?:{_LABEL}(?:\.|{_BR_DOT}))+([A-Za-z]{{2,24}}))"
     rf"|\s+AT\s+((?:{_LABEL}(?:\.|\s+DOT\s+))+([A-Za-z]{{2,24}}))"
-    rf"| at ((?:{_LABEL} dot )+([a-z]{{2,24}})))(?![\w-]|\.[A-Za-z0-9])"
+    rf"| at ((?:{_LABEL} dot )+([a-z]{{2,24}}))"
+    rf"| at ((?:{_LABEL}\.)+([a-z]{{2,24}}))(?=[)>]))"
+    r"(?![\w-]|\.[A-Za-z0-9])"
 )
+# ``(jane.roe at x.org)``, ``<jane at x.org>``: " at " with a plain domain only when the
+# address alone fills brackets (in prose, "look at x.com" is no address).
+BRACKET_AT = re.compile(r"[(<][\w.+-]+ at [\w-]+\.[\w.-]+[)>]")
 # Substrings of the lower-cased text that one of these forms needs (lines to scan).
 # Lines worth the full pattern: a bracketed "at" in the lower-cased text (the pattern
 # opens with the literal "at", which ``re`` skips to fast), " dot ", " AT ".
 OBFUSCATED_HINT = re.compile(r"at(?:(?<=[\[({<]at)[\])}>]|(?<=[\[({<] at) [\])}>])")
+# user@host:path (scp, rsync, sshfs, git push): a login and a remote path, no mailbox.
+SCP_AFTER = re.compile(r":(?:[~/]|[\w.-]+(?:/|\.git\b))")
 # user@host before a shell prompt's path and sigil (``root@web-01.x.io:~#``): a login.
 PROMPT_AFTER = re.compile(r":[~/]\S*[#$%>]|[ \t]?[#$] ")
-# The ``@`` written as a URL escape or an HTML character reference (``mailto:jane%40x.io``,
-# ``?email=a%2Bb%40x.io``, ``jane&#64;x.io``): the address is as personal as the plain one.
-# A local part may follow another escape (``%3Cjane%40x.io%3E``) and hold an escaped ``+``.
-ENCODED_AT = re.compile(r"%40|&#0*64;|&#[xX]0*40;|&commat;")
-EMAIL_ENCODED = re.compile(
-    rf"(?:(?<=%[0-9A-Fa-f]{{2}})|(?<![\w.+%&#;-]))([A-Za-z0-9{_INTL}](?:[A-Za-z0-9{_INTL}._+-]"
-    rf"|%2[Bb]){{0,63}})(?:%40|&#0*64;|&#[xX]0*40;|&commat;)" + _DOMAIN
+# The ``@`` written as a URL escape (once or twice: ``%40``, ``%2540``), an HTML character
+# reference (``&#64;``, ``&#x40;``, ``&commat;``) or a POD escape before the address
+# (``E<lt>jane@x.ioE<gt>``): lines with one are decoded (URL escapes, character references,
+# POD ``E<...>``) and searched like plain text, the finding mapped back to the encoded
+# span, so an address written in any mix of them (``mailto:?to=%22Mia%22%20%3Cmia%40x.io``,
+# ``&#106;&#97;&#110;&#101;&#64;x.io``) is as personal as the plain one.
+ENCODED_AT = re.compile(r"%(?:25)*40|&#0*64;|&#[xX]0*40;|&commat;")
+ESCAPE = re.compile(
+    r"%(?:25)*([0-9A-Fa-f]{2})|&#(\d{1,7});|&#[xX]([0-9A-Fa-f]{1,6});|&([A-Za-z]{2,8});"
+    r"|E<(lt|gt)>"
 )
+ENTITIES = {
+    "commat": "@",
+    "period": ".",
+    "lt": "<",
+    "gt": ">",
+    "quot": '"',
+    "amp": "&",
+    "apos": "'",
+    "lowbar": "_",
+    "hyphen": "-",
+    "plus": "+",
+    "nbsp": " ",
+}
 # Local parts that stand for "an address goes here" (your.email@gmail.com, username@...,
 # firstname.lastname@..., xxx@..., foo@bar.com) and domains that do (yourcompany.com).
 PLACEHOLDER_LOCAL = re.compile(
@@ -293,16 +319,56 @@ _NAME = (
 # (``# Author:``, ``"author": "..."``, ``authors = ["..."]``, ``:Author:``, ``<author>``,
 # ``\author{...}``, ``.. moduleauthor::``, ``%% Author:``, ``Co-authored-by:``).
 NAME_CONTEXT = re.compile(
-    r"(?m)(?:^[ \t]*(?:#|//|\*|;|--|\.\.|%{1,2})?[ \t]*[@:<\\\"']?"
-    r"(?i:(?:co-)?authors?(?:ed-by)?|maintainers?|moduleauthor|sectionauthor|written by|"
+    r"(?m)(?:^[ \t]*(?:#|//|\*|;|--|\.\.|%{1,2})?[ \t]*[@:<\\\"']?(?:[A-Za-z_]\w*\.)?"
+    r"(?i:(?:co-)?authors?(?:ed-by|\(s\))?|maintainers?|moduleauthor|sectionauthor|written by|"
     r"created by|signed-off-by)"
-    r"[\"']?[ \t]*(?:::|[:=>{])?[ \t]*\[?[ \t]*[\"']?|__author__\s*=\s*[\"'])"
+    r"[\"']?[ \t]*(?:::|[:=>{])?[ \t]*\[?[ \t]*[\"']?|__author__\s*=\s*[\"']"
+    r"|(?i:name|property)=[\"'](?:[\w-]+:)?(?i:author)[\"'][ \t]+content=[\"']"
+    r"|[(,][ \t]*(?i:author|maintainer)[ \t]*=[ \t]*[\"'])"
     rf"({_NAME})(?![{_LOW}])"
 )
+# A heading that opens a list of people (``Authors`` over an RST underline, ``=head1
+# AUTHOR`` in POD, ``.SH AUTHORS`` in man pages, ``## Contributors``, ``Authors:`` alone on
+# its line): the lines below it, to the first blank line after them, are author lines.
+AUTHOR_HEADING = re.compile(
+    r"(?im)^[ \t]*(?:=head\d[ \t]+|\.SH[ \t]+|#{1,6}[ \t]*|\*\*)?[\"']?"
+    r"(?:authors?(?:\(s\))?|contributors|maintainers?|credits|developers|core team)"
+    r"\**[ \t]*:?[ \t]*\**\r?$"
+)
+HEADING_WORDS = ("author", "contributors", "maintainer", "credits", "developers", "core team")
+SECTION_RULE = re.compile(r"[ \t]*(?:[=\-~^*#+`]{3,})?[ \t]*\r?")
+# A file that lists a project's people (AUTHORS, CONTRIBUTORS.md, MAINTAINERS, CREDITS):
+# each of its lines is an author line.
+AUTHOR_FILE = re.compile(
+    r"(?i)(?:^|[/\\])(?:authors|contributors|maintainers|credits|thanks|owners)"
+    r"(?:\.(?:md|rst|txt|markdown|adoc))?$"
+)
+# One entry of such a list: a name after list markup or a one-letter field tag (``* A B``,
+# ``- A B``, ``1. A B``, ``M:\tA B``, ``N: A B``), ...
+AUTHOR_ITEM = re.compile(
+    rf"[ \t]*(?:[-*+\u2022][ \t]+|\d{{1,3}}[.)][ \t]+|[A-Z]:[ \t]+)?({_NAME})(?![{_LOW}])"
+)
+# ... followed by nothing, an address, a handle or a note after punctuation (so that prose
+# such as "Pull Requests are welcome" is no entry).
+AUTHOR_REST = re.compile(r"(?:[ \t]*(?:[<(\[{,:;|\u2013\u2014-]|E<|\S+@)[^\n]*)?[ \t.]*\r?")
 # The next name of an author list: ", B", " and B", " & B", after an optional address.
 NAME_MORE = re.compile(
-    rf"(?:[ \t]*(?:<[^>\n]*>|\([^)\n]*\)))?(?:,[ \t]*(?:and[ \t]+)?|[ \t]+and[ \t]+|[ \t]*&[ \t]*)"
+    rf"(?:[ \t]*(?:<[^>\n]*>|\([^)\n]*\)))?[\"']?"
+    rf"(?:,[ \t]*(?:and[ \t]+)?|[ \t]+and[ \t]+|[ \t]*&[ \t]*)[\"']?"
     rf"({_NAME})(?![{_LOW}])"
+)
+# A mailbox, ``Display Name <address>`` (RFC 5322): git's author/committer headers and
+# trailers, .mailmap, patches' ``From:``, Debian ``Maintainer:``/``Uploaders:``, RPM
+# ``Packager:``, Cargo ``authors``: the name beside a person's address is theirs.
+MAILBOX_NAME = re.compile(rf"(?<![^\s:\"'\[,(=])({_NAME})[ \t]+<[\w.+'-]+@[\w-]+(?:\.[\w-]+)+>")
+# A ``name`` field of a person record: ``{"name": "A B", "email": ...}``, ``<name>A B</name>``
+# under ``<developer>``, ``{name = "A B", email = ...}``; a person's when the record's line
+# holds an email field or a people word (authors, maintainers...) is on the 3 lines above.
+NAME_FIELD = re.compile(
+    rf"(?i:[\"']?\bname[\"']?[ \t]*[:=][ \t]*[\"']|<name>)({_NAME})(?![{_LOW}])[\"'<]"
+)
+PEOPLE_WORDS = re.compile(
+    r"(?i)author|maintainer|contributor|developer|packager|committer|owner|\bpeople\b"
 )
 # Author fields that name an organisation, a team or a tool, not a person.
 ORG_WORDS = frozenset(
@@ -342,6 +408,13 @@ ORG_WORDS = frozenset(
         "association",
         "society",
         "the",
+        # words of prose, not of names (a list's "Thanks To Everyone", "Thanks For All")
+        "thanks",
+        "everyone",
+        "to",
+        "for",
+        "of",
+        "all",
     }
 )
 TOKEN_TAIL = re.compile(r"[A-Za-z0-9_\-+/=.]+")
@@ -465,6 +538,64 @@ def _putty_private(text: str) -> list[Finding]:
     return [Finding("key", start, start + end, text[start : start + end])] if end else []
 
 
+class _Mapped:
+    """A match found in a decoded line, its groups and span mapped back to the text."""
+
+    def __init__(self, text: str, start: int, end: int, groups: tuple[str, ...]) -> None:
+        self._text, self._start, self._end, self._groups = text, start, end, groups
+
+    def start(self, group: int = 0) -> int:
+        return self._start
+
+    def end(self, group: int = 0) -> int:
+        return self._end
+
+    def __getitem__(self, group: int) -> str:
+        return self._text[self._start : self._end] if group == 0 else self._groups[group - 1]
+
+
+def _unescape(m: re.Match[str]) -> str:
+    hexa, dec, hexref, name, pod = m.groups()
+    if hexa is not None:
+        return chr(int(hexa, 16))
+    if dec is not None or hexref is not None:
+        code = int(dec) if dec is not None else int(hexref, 16)
+        return chr(code) if 0 < code < 0x110000 and not 0xD800 <= code < 0xE000 else m[0]
+    if name is not None:
+        return ENTITIES.get(name.lower() if name.islower() else name, m[0])
+    return "<" if pod == "lt" else ">"
+
+
+def _decoded_emails(text: str, ls: int, le: int) -> list[tuple]:
+    """Email candidates on ``text[ls:le]`` with its escapes decoded, mapped back: those
+    with an escape in or next to them (``E<lt>jane@x.ioE<gt>``); a plain one found twice is
+    kept once (overlapping findings are)."""
+    chars: list[str] = []
+    starts: list[int] = []
+    ends: list[int] = []
+    i = ls
+    for m in ESCAPE.finditer(text, ls, le):
+        for j in range(i, m.start()):
+            chars.append(text[j])
+            starts.append(j)
+            ends.append(j + 1)
+        chars.append(_unescape(m))
+        starts.append(m.start())
+        ends.append(m.end())
+        i = m.end()
+    for j in range(i, le):
+        chars.append(text[j])
+        starts.append(j)
+        ends.append(j + 1)
+    line = "".join(chars)
+    out = []
+    for m in EMAIL.finditer(line):
+        start, end = starts[m.start(1)], ends[m.end() - 1]
+        mapped = _Mapped(text, start, end, (m[1], m[2], m[3]))
+        out.append((mapped, m[1], m[2], m[3], "plain"))  # the checks judge the decoded local
+    return out
+
+
 def luhn_ok(digits: str) -> bool:
     """The Luhn checksum used by payment card numbers."""
     total = 0
@@ -548,7 +679,7 @@ class PIIDetector:
             if "phone" in t:
                 found += self._phones(text, digit_spans)
         if "name" in t:
-            found += self._names(text)
+            found += self._names(text, path)
         found.sort(key=lambda f: (PRIORITY[f.kind], f.start, -f.end))
         # Taken spans do not overlap, so kept in start order only the neighbours of a new
         # span can overlap it (a scan of all of them is quadratic in a log of addresses).
@@ -561,9 +692,27 @@ class PIIDetector:
                 starts.insert(i, f.start)
         return taken
 
-    def _names(self, text: str) -> list[Finding]:
-        """Names on author lines, each of a list (``Authors: A B, C D and E F``)."""
-        out = []
+    def _names(self, text: str, path: str = "") -> list[Finding]:
+        """Names on author lines, each of a list (``Authors: A B, C D and E F``), in author
+        sections and in files that list people (``AUTHORS``)."""
+        out: list[Finding] = []
+        if "@" in text:
+            for m in _scan(MAILBOX_NAME, text, _lines(text, _AT)):
+                self._person(text, m.span(1), out)
+        for m in _scan(NAME_FIELD, text, _word_lines(text, ("name",), self._low)):
+            ls = text.rfind("\n", 0, m.start()) + 1
+            le = text.find("\n", m.end())
+            line = text[ls : len(text) if le < 0 else le]
+            above = text[text.rfind("\n", 0, max(0, ls - 1) - 200) + 1 : ls] if ls else ""
+            if re.search(r"(?i)e-?mail", line) or PEOPLE_WORDS.search(
+                "\n".join(above.split("\n")[-4:])
+            ):
+                self._person(text, m.span(1), out)
+        if path and AUTHOR_FILE.search(path):
+            self._author_lines(text, 0, out, 100_000)
+        else:
+            for h in _scan(AUTHOR_HEADING, text, _word_lines(text, HEADING_WORDS, self._low)):
+                self._author_lines(text, h.end() + 1, out, 200)
         for m in _scan(NAME_CONTEXT, text, _word_lines(text, NAME_WORDS, self._low)):
             span: tuple[int, int] | None = m.span(1)
             while span:
@@ -573,6 +722,46 @@ class PIIDetector:
                 more = NAME_MORE.match(text, span[1])
                 span = more.span(1) if more else None
         return out
+
+    @staticmethod
+    def _person(text: str, span: tuple[int, int], out: list[Finding]) -> None:
+        name = text[span[0] : span[1]]
+        if not ORG_WORDS.intersection(re.split(r"[ ,-]+", name.lower())):
+            out.append(Finding("name", span[0], span[1], name))
+
+    @staticmethod
+    def _author_lines(text: str, pos: int, out: list[Finding], limit: int) -> None:
+        """Entries of a list of people from ``pos`` on: after a heading (``limit`` lines,
+        section rules and blank lines skipped first), to the first blank line or heading
+        below an entry; in a file of people (a large ``limit``), every line."""
+        seen = False
+        whole_file = limit > 200
+        while pos < len(text) and limit > 0:
+            limit -= 1
+            le = text.find("\n", pos)
+            le = len(text) if le < 0 else le
+            if SECTION_RULE.fullmatch(text, pos, le):
+                if seen and not whole_file and text[pos:le].strip() == "":
+                    return  # the blank line that ends the section
+                pos = le + 1
+                continue
+            if not whole_file and seen and text[pos] in "=.#":
+                return  # the next heading
+            m = AUTHOR_ITEM.match(text, pos, le)
+            if m:
+                names, span = [], m.span(1)
+                while span:
+                    names.append(span)
+                    more = NAME_MORE.match(text, span[1], le)
+                    span = more.span(1) if more else None
+                if AUTHOR_REST.fullmatch(text, names[-1][1], le):
+                    seen = True
+                    for a, b in names:
+                        name = text[a:b]
+                        if not ORG_WORDS.intersection(re.split(r"[ ,-]+", name.lower())):
+                            out.append(Finding("name", a, b, name))
+            seen = True
+            pos = le + 1
 
     def _keys(self, text: str, spans: list[tuple[int, int]]) -> list[Finding]:
         out = []
@@ -623,16 +812,26 @@ class PIIDetector:
         cands = []  # (match, local, domain, tld, how)
         if "@" in text:
             cands += [(m, m[1], m[2], m[3], "plain") for m in _scan(EMAIL, text, _lines(text, _AT))]
-        if "%40" in text or "&#" in text or "&commat;" in text:
-            for m in _scan(EMAIL_ENCODED, text, _lines(text, ENCODED_AT)):
-                cands.append((m, m[1], m[2], m[3], "plain"))
+        if "%" in text or "&" in text or "E<" in text:
+            # Lines with an escaped "@", or a plain one and an escape elsewhere on the line
+            # (``jane&#46;roe@x.io``, ``E<lt>jane@x.ioE<gt>``).
+            escaped = {*_lines(text, ENCODED_AT)}
+            if "@" in text:
+                escaped |= {(a, b) for a, b in _lines(text, _AT) if ESCAPE.search(text, a, b)}
+            for ls, le in sorted(escaped):
+                cands += _decoded_emails(text, ls, le)
         spans = _lines(self._low or text, OBFUSCATED_HINT)
         if " AT " in text or " dot " in text:
             spans = sorted({*spans, *_word_lines(text, (" AT ", " dot "), text)})
+        if " at " in text:
+            spans = sorted({*spans, *_lines(text, BRACKET_AT)})
         for m in _scan(OBFUSCATED_EMAIL, text, spans):
-            i = next(g for g in (2, 4, 6) if m[g])
+            i = next(g for g in (2, 4, 6, 8) if m[g])
+            opener = text[m.start(1) - 1 : m.start(1)] if i == 8 else ""
+            if i == 8 and not (opener == "<" or (opener == "(" and re.search(r"[._+\d-]", m[1]))):
+                continue  # the local part opens the brackets; "(look at x.com)" is prose
             domain = ".".join(re.findall(_LABEL, re.sub(r"(?i)dot", ".", m[i])))
-            cands.append((m, m[1], domain, m[i + 1], "spoken" if i == 6 else "plain"))
+            cands.append((m, m[1], domain, m[i + 1], "spoken" if i >= 6 else "plain"))
         for m, local, raw_domain, raw_tld, how in cands:
             domain, tld = raw_domain.lower(), raw_tld.lower()
             start = m.start(1)
@@ -651,6 +850,8 @@ class PIIDetector:
                 or (how == "plain" and raw_tld.islower() and tld in _iana_tlds())
             ):
                 continue
+            if SCP_AFTER.match(text, m.end()):
+                continue  # deploy@git.x.io:apps/api.git, builder@ci.x.io:/cache: a remote path
             if PROMPT_AFTER.match(text, m.end()):
                 continue  # root@web-01.x.io:~# (a shell prompt): a login, not a mailbox
             if text.startswith(("(", "["), m.end()):

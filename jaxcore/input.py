@@ -29,6 +29,7 @@ import logging
 import pathlib
 import sysconfig
 import threading
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol, runtime_checkable
 
@@ -152,6 +153,15 @@ def _tokens_of(element: Any) -> np.ndarray:
                 f"input element has keys {sorted(element)}; a dict element needs 'tokens'."
             )
         element = element["tokens"]
+    if isinstance(element, bytes | bytearray | memoryview):
+        # An ArrayRecord shard's raw record (grain.sources.ArrayRecordDataSource): was
+        # "shape () and dtype |S3736", with no way out.
+        raise ConfigError(
+            f"input element is {len(element)} raw bytes (an ArrayRecord record?), not token "
+            "ids: decode the records first, e.g. data.open_dataset('out/v1/tokens/index.json') "
+            "for `data build` shards, or grain.MapDataset.source(src).map(lambda b: "
+            "np.frombuffer(b, '<u4'))."
+        )
     tokens = np.asarray(element)
     if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
         raise ConfigError(
@@ -418,8 +428,22 @@ class Loader:
         self._rows = (
             None if self.streaming else _Rows(source, config, getattr(source, "lengths", None))
         )
-        self._iter: Any = None
+        # The Grain iterator lives in a box a finalizer closes: when the Loader is collected,
+        # and at interpreter exit, before module teardown. Was: a loader left open (as the
+        # README's `zip(range(n), loader)` leaves it) printed "Exception ignored in
+        # DatasetIterator.__del__ ... AttributeError" at exit, Grain's prefetch closing after
+        # its modules were torn down.
+        self._box: list[Any] = [None]
+        weakref.finalize(self, _close_box, self._box)
         self._stream_state: Any = None
+
+    @property
+    def _iter(self) -> Any:
+        return self._box[0]
+
+    @_iter.setter
+    def _iter(self, it: Any) -> None:
+        self._box[0] = it
 
     # ----------------------------------------------------------------- position
     @property
@@ -468,6 +492,20 @@ class Loader:
         """Continue from a saved position (the next batch is the one after it)."""
         cfg = self.config
         kind = "stream" if self.streaming else "random_access"
+        if not isinstance(state, dict) or state.get("kind") not in ("stream", "random_access"):
+            # Was: an AttributeError for bytes/None, or "a None source" for the dict of a
+            # Grain iterator or a TorchLoader (a checkpoint written with another loader).
+            got = (
+                f"a dict with keys {sorted(map(str, state))[:8]}"
+                if isinstance(state, dict)
+                else f"a {type(state).__name__}"
+            )
+            raise ConfigError(
+                f"Loader.set_state: the saved input position is {got}, not a jaxcore.Loader "
+                "position (a dict with 'kind' and 'step', from Loader.get_state): it was saved "
+                "by another loader (a Grain iterator, a torchbridge.TorchLoader?). Resume with "
+                "the kind of loader that saved it, or start the input from step 0."
+            )
         if state.get("kind") != kind:
             raise ConfigError(
                 f"the saved input position is for a {state.get('kind')} source but this "
@@ -607,6 +645,12 @@ class Loader:
                     "(dataset.repeat())."
                 ) from None
             raise
+        if self.config.worker_count:
+            # Grain's workers hand batches over in shared memory (SharedMemoryArray): copy
+            # them into plain arrays so the block is released now, not when the caller drops
+            # the batch (was: one still held at exit printed "Exception ignored in
+            # SharedMemoryArray.__del__ ... AttributeError" after module teardown).
+            local = {k: np.array(v) for k, v in local.items()}
         self.step += 1
         return self.to_global(local)
 
@@ -622,9 +666,13 @@ class Loader:
 
     def close(self) -> None:
         """Stop the prefetch threads or workers (a new iterator starts on next use)."""
-        it, self._iter = self._iter, None
-        if it is not None and hasattr(it, "close"):
-            it.close()
+        _close_box(self._box)
+
+
+def _close_box(box: list[Any]) -> None:
+    it, box[0] = box[0], None
+    if it is not None and hasattr(it, "close"):
+        it.close()
 
 
 # --------------------------------------------------------------------- demo source

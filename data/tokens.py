@@ -184,6 +184,14 @@ def open_dataset(index_path: str | Path):
 
     index_path = Path(index_path)
     index = json.loads(index_path.read_text())
+    if not index.get("records"):
+        # Grain's source over empty shards failed at the first read with a
+        # ZeroDivisionError from its record index.
+        raise BuildError(
+            f"{index_path}: the build tokenized no records (every file was dropped), so "
+            "there is nothing to read. See `jaxcore data stats` on the version for what "
+            "each stage dropped, and widen the sources or the filters."
+        )
     root = index_path.parent.parent
     paths = [str(root / s["path"]) for s in index["shards"]]
     source = grain.sources.ArrayRecordDataSource(paths)

@@ -476,7 +476,77 @@ JENKINSFILE_VARIANT = re.compile(r"^Jenkinsfile[._-][\w.-]+$")
 
 
 def _linguist(name: str) -> str:
-    return LINGUIST_NAMES.get(name, name)
+    """A Pygments lexer name spelled as linguist spells it: the table above, else the
+    linguist language whose name or alias it is (``Q`` is ``q``, ``Mathematica`` is
+    ``Wolfram Language``)."""
+    if name in LINGUIST_NAMES:
+        return LINGUIST_NAMES[name]
+    return _linguist_heuristics()["names"].get(name.lower(), name)
+
+
+@functools.cache
+def _linguist_heuristics() -> dict:
+    """linguist's ``heuristics.yml`` rules per extension (regexes compiled), the extensions
+    and filenames several languages claim, and every language name/alias
+    (``resources/linguist-heuristics.json``)."""
+    data = json.loads(
+        (Path(__file__).parent / "resources" / "linguist-heuristics.json").read_text()
+    )
+
+    def compile_rule(rule: dict) -> dict:
+        out = dict(rule)
+        for key in ("pattern", "negative"):
+            if key in rule:
+                out[key] = [re.compile(p, re.MULTILINE) for p in rule[key]]
+        if "and" in rule:
+            out["and"] = [compile_rule(r) for r in rule["and"]]
+        return out
+
+    data["heuristics"] = {
+        ext: [compile_rule(r) for r in rules] for ext, rules in data["heuristics"].items()
+    }
+    data["languages"] = frozenset(data["names"].values())
+    return data
+
+
+def _rule_matches(rule: dict, text: str) -> bool:
+    """One heuristics.yml rule: every ``and`` part, any ``pattern``, no ``negative``; a rule
+    with none of them (the last, ``language: Text``) always matches."""
+    if not all(_rule_matches(r, text) for r in rule.get("and", ())):
+        return False
+    if "pattern" in rule and not any(p.search(text) for p in rule["pattern"]):
+        return False
+    return not any(p.search(text) for p in rule.get("negative", ()))
+
+
+def _linguist_rules(ext: str, text: str) -> tuple[str, str] | None:
+    """(language, strategy) of the first of linguist's rules for ``ext`` that ``text``
+    matches: ``heuristic``, or ``extension`` for a last rule without a pattern (``.txt``'s
+    Text, ``.ts``'s TypeScript), which the extension alone decides."""
+    for rule in _linguist_heuristics()["heuristics"].get(ext, ()):
+        if "language" in rule and _rule_matches(rule, text):
+            tested = "pattern" in rule or "and" in rule or "negative" in rule
+            return rule["language"], "heuristic" if tested else "extension"
+    return None
+
+
+def _linguist_claims(base: str) -> bool:
+    """Whether linguist decides ``base``'s extension: one language, or heuristics.yml rules."""
+    ext = base.rsplit(".", 1)[1].lower()
+    return bool(_linguist_extension(base)) or ext in _linguist_heuristics()["heuristics"]
+
+
+def _ambiguous_filename(base: str, text: str) -> str | None:
+    """A filename several languages claim (``hosts``: Hosts File, INI): the first candidate
+    one of whose heuristics.yml content rules (from any extension) the text matches."""
+    data = _linguist_heuristics()
+    for lang in data["filename_candidates"].get(base, ()):
+        for rules in data["heuristics"].values():
+            for rule in rules:
+                tested = "pattern" in rule or "and" in rule
+                if rule.get("language") == lang and tested and _rule_matches(rule, text):
+                    return lang
+    return None
 
 
 @functools.cache
@@ -606,7 +676,15 @@ def detect_language(path: str, content: str) -> tuple[str, str]:
         return "Dockerfile", "filename"
     if JENKINSFILE_VARIANT.match(base):
         return "Groovy", "filename"
-    if base in by_name:
+    lang = _ambiguous_filename(base, content[:50_000])
+    if lang:
+        return lang, "filename"
+    # A Pygments filename for a language linguist lacks (``todo.txt``: Todotxt) does not
+    # override an extension linguist decides itself (``.txt``: its heuristics say Text).
+    if base in by_name and (
+        by_name[base][0] in _linguist_heuristics()["languages"]
+        or not ("." in base.lstrip(".") and _linguist_claims(base))
+    ):
         return by_name[base][0], "filename"
     if base in id_ext.NAMES:
         lang = _from_identify_tags(id_ext.NAMES[base])
@@ -618,7 +696,8 @@ def detect_language(path: str, content: str) -> tuple[str, str]:
         interp = m.group(1)
         if posixpath.basename(interp) == "env" and m.group(2):
             interp = m.group(2)
-            if interp.startswith("-"):
+            # env's options and ``VAR=value`` settings come before the interpreter.
+            if interp.startswith("-") or "=" in interp:
                 e = _ENV_ARGS.match(head)
                 interp = e.group(2) if e else interp
         # ``#!/bin/sh`` then ``exec scala "$0" "$@"`` in the first five lines: the script
@@ -651,6 +730,11 @@ def detect_language(path: str, content: str) -> tuple[str, str]:
         langs = by_ext.get(low) or by_ext.get(ext)
         # Pygments may know one lexer where linguist knows several (``.cls``: TeX, Apex,
         # OpenEdge ABL, ...), so an extension with heuristics always runs them.
+        # linguist's own heuristics.yml rules first, in its order; then the condensed
+        # rules above for what they name nothing (linguist's Bayesian classifier's part).
+        decided = _linguist_rules(low, content[:50_000])
+        if decided:
+            return decided
         if low in HEURISTICS:
             for lang, rx in HEURISTICS[low]:
                 if rx.search(content[:50_000]):

@@ -52,7 +52,11 @@ SPDX_LINE = re.compile(r"SPDX-License-Identifier:\s*([^\n*#]+?)\s*(?:\*/|\*\)|-\
 MANIFEST_FILE = re.compile(
     r"^(package\.json|composer\.json|pyproject\.toml|Cargo\.toml|setup\.cfg|"
     # Other ecosystems' manifests: RubyGems, Cabal/hpack, R, Maven, NuGet, Mix.
-    r"DESCRIPTION|package\.yaml|pom\.xml|mix\.exs|[^/]+\.gemspec|[^/]+\.cabal|[^/]+\.nuspec)$"
+    r"DESCRIPTION|package\.yaml|pom\.xml|mix\.exs|[^/]+\.gemspec|[^/]+\.cabal|[^/]+\.nuspec|"
+    # vcpkg, Elm, D's dub, Bower (JSON ``license``); conda-build's recipe ``meta.yaml``
+    # (``about: license:``), CocoaPods, opam, LuaRocks, Nimble, setuptools' ``setup.py``.
+    r"vcpkg\.json|elm\.json|dub\.json|bower\.json|meta\.yaml|[^/]+\.podspec|opam|[^/]+\.opam|"
+    r"[^/]+\.rockspec|[^/]+\.nimble|setup\.py)$"
 )
 LICENSE_REF = re.compile(r"(?:DocumentRef-[A-Za-z0-9.-]+:)?LicenseRef-[A-Za-z0-9.-]+")
 PROPRIETARY_MARKERS = frozenset({"UNLICENSED", "PROPRIETARY"})
@@ -183,10 +187,33 @@ def expression_matches(expressions: Iterable[str], method: str) -> list[LicenseM
     return list(found.values())
 
 
+# A condition added on top of an open-source text that takes a right away: the Commons
+# Clause ("the License does not grant to you, the right to Sell the Software"), which
+# ScanCode lists as its own non-permissive license (``commons-clause``). The text under it
+# (Apache-2.0, MIT) still scores high, so the file would read as that license alone.
+_RIDERS = [
+    (
+        re.compile(
+            r"(?is)\bCommons\s+Clause\W{0,3}\s+License\s+Condition|"
+            r"does\s+not\s+grant\s+to\s+you,?\s+the\s+right\s+to\s+Sell\s+the\s+Software"
+        ),
+        "LicenseRef-Commons-Clause",
+    ),
+]
+
+
 def license_matches(text: str, min_score: float = 0.8) -> list[LicenseMatch]:
-    """``SPDX-License-Identifier`` lines if any, else every license text in the file."""
+    """``SPDX-License-Identifier`` lines if any, else every license text in the file; a
+    rider that restricts the text under it (the Commons Clause) comes first, ANDed with
+    that text, so the file is no more permissive than the rider."""
     ids = [m.group(1).strip() for m in SPDX_LINE.finditer(text[:4000])]
-    return expression_matches(ids, "spdx") or identify_parts(text, min_score)
+    found = expression_matches(ids, "spdx") or identify_parts(text, min_score)
+    for rx, rider in _RIDERS:
+        if rx.search(text):
+            base = found[0].expression or found[0].spdx if found else ""
+            expression = f"{rider} AND ({base})" if base else rider
+            found = [LicenseMatch(rider, 1.0, 0, "notice", expression), *found]
+    return found
 
 
 @dataclass(frozen=True)
@@ -295,6 +322,31 @@ def _other_manifest(name: str, content: str) -> ManifestFields:
     if name == "mix.exs":
         m = re.search(r"licenses:\s*\[([^\]]*)\]", content)
         return ManifestFields(values=_either(_QUOTED.findall(m.group(1))) if m else ())
+    if name == "meta.yaml":
+        # conda-build: ``about:`` holds ``license:`` (an SPDX id; ``license_family`` and
+        # ``license_file`` are other keys); Jinja ``{{ }}`` values name nothing.
+        about = re.search(r"(?ms)^about:[ \t]*\n((?:[ \t]+[^\n]*\n?|[ \t]*\n)*)", content)
+        m = about and re.search(
+            r"(?m)^[ \t]+license[ \t]*:[ \t]*(\S[^\n#]*?)[ \t]*$", about.group(1)
+        )
+        value = m.group(1).strip("'\"") if m else ""
+        return ManifestFields(values=(value,) if value and "{{" not in value else ())
+    if name.endswith(".podspec"):
+        # ``s.license = 'MIT'`` or ``{ :type => 'MIT', :file => 'LICENSE' }`` / ``type: 'MIT'``.
+        m = re.search(
+            r"""\.license\s*=\s*(?:\{[^}]*?(?::type\s*=>|\btype:)\s*)?["']([^"'\n]+)["']""", content
+        )
+        return ManifestFields(values=(m.group(1),) if m else ())
+    if name == "opam" or name.endswith(".opam"):
+        m = re.search(r"(?m)^license\s*:\s*(\[[^\]]*\]|\"[^\"\n]*\")", content)
+        return ManifestFields(values=_either(_QUOTED.findall(m.group(1))) if m else ())
+    if name.endswith((".rockspec", ".nimble")):
+        m = re.search(r"""(?m)^\s*license\s*=\s*["']([^"'\n]+)["']""", content)
+        return ManifestFields(values=(m.group(1),) if m else ())
+    if name == "setup.py":
+        # Only a literal ``license="..."`` argument (a variable names nothing readable).
+        m = re.search(r"""\blicense\s*=\s*(?:[rRuU])?["']([^"'\n]+)["']""", content)
+        return ManifestFields(values=(m.group(1),) if m else ())
     return ManifestFields()
 
 
@@ -485,8 +537,18 @@ def _named_license(value: str) -> str:
     return ""
 
 
+# License-header templates for header checkers (license-maven-plugin's
+# ``license-header.txt``, ``LICENSE_HEADER``, ``license.tmpl``): a notice to stamp on
+# files, with ``${year}`` placeholders, not the license of the folder they sit in.
+TEMPLATE_NAME = re.compile(r"(?i)header|templ|\.tmpl$|\.j2$|\.jinja2?$")
+
+
 def _license_name(base: str) -> bool:
-    return LICENSE_FILE.match(base) is not None and not CODE_SUFFIX.search(base)
+    return (
+        LICENSE_FILE.match(base) is not None
+        and not CODE_SUFFIX.search(base)
+        and not TEMPLATE_NAME.search(base)
+    )
 
 
 def is_license_file(path: str) -> bool:
@@ -499,7 +561,7 @@ def license_of_file(path: str, content: str, min_score: float) -> list[LicenseMa
     """Licenses declared by a license file or a README's license section, with scores."""
     base = posixpath.basename(path)
     if _license_name(base):
-        return license_matches(content, min_score)
+        return license_matches(content, min_score) or _statement_matches(content)
     if README_FILE.match(base):
         ids = [m.group(1).strip() for m in SPDX_LINE.finditer(content)]
         found = expression_matches(ids, "spdx")
@@ -520,6 +582,37 @@ def license_of_file(path: str, content: str, min_score: float) -> list[LicenseMa
                 return expression_matches([named], "readme")
             return license_matches(section, min_score)
     return []
+
+
+STATEMENT_MAX = 1000
+"""A license file this short that holds no license text may state one in words."""
+_FILE_NAME_TOKEN = re.compile(r"(?i)\b(?:un)?(?:licen[cs]e|copying)[-_.][\w.-]*\w")
+
+
+def _statement_matches(content: str) -> list[LicenseMatch]:
+    """A short license file that holds no text but states its license: only an SPDX
+    expression (``MIT``, ``GPL-3.0-or-later``, as ``licensee`` reads a one-line LICENSE),
+    or words a README's license section would use ("This project is licensed under the
+    MIT License"); other license files' names (``LICENSE-MIT``) are no statement."""
+    if len(content) > STATEMENT_MAX:
+        return []
+    text = " ".join(_readme_section_text(content).split())
+    if text and expression_keys(text) and not re.search(r"\s(?!AND\b|OR\b|WITH\b)\w+\s", text):
+        return expression_matches([text], "statement")
+    named = _readme_names(_FILE_NAME_TOKEN.sub(" ", text))
+    return expression_matches([named], "statement") if named else []
+
+
+def _names_sibling_license(path: str, content: str, live: dict) -> bool:
+    """Whether a short license file only points at other license files beside it ("See
+    LICENSE-MIT and LICENSE-APACHE"): those files decide, it declares nothing itself."""
+    if len(content) > STATEMENT_MAX:
+        return False
+    folder = posixpath.dirname(path)
+    return any(
+        posixpath.join(folder, m.group(0)) in live and posixpath.join(folder, m.group(0)) != path
+        for m in _FILE_NAME_TOKEN.finditer(content)
+    )
 
 
 def _readme_section_text(section: str) -> str:
@@ -777,6 +870,8 @@ class LicenseStep:
             if not (_license_name(base) or README_FILE.match(base)):
                 continue
             content = spill.content(rec)
+            if _license_name(base) and _names_sibling_license(rec.path, content, live):
+                continue
             matches = license_of_file(rec.path, content, self.config.min_score)
             if (
                 not matches

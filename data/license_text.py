@@ -284,7 +284,12 @@ def _identify_parts(
     if whole_score >= (min_score if len(parts) == 1 else WHOLE_SURE) and (
         whole_first or len(parts) == 1
     ):
-        return [LicenseMatch(whole_name, whole_score, 0, "askalono")]
+        # Unless the file opens with another whole text: a short MIT text followed by a
+        # bundled dependency's 35 KB GPL text scores GPL-3.0 0.95+ as a whole, yet the
+        # first text is the project's own (numpy's LICENSE.txt layout).
+        first_name, first_score = askalono_match(parts[0][1]) if len(parts) > 1 else ("", 0.0)
+        if first_score < min_score or first_name == whole_name:
+            return [LicenseMatch(whole_name, whole_score, 0, "askalono")]
     for start, part in parts[:max_parts]:
         name, score = askalono_match(part) if len(parts) > 1 else (whole_name, whole_score)
         if score >= min_score:
@@ -406,13 +411,58 @@ PROPRIETARY_NOTICE = re.compile(
 )
 
 
+# The leading comment markers of a header's lines (`` * ``, ``//``, ``#``, ``--``, ``;;``,
+# ``%``, ``!``, ``'``, ``REM``, ``dnl``), taken off so a notice wrapped over several comment
+# lines reads as its sentence ("the Mozilla Public\n// License, v. 2.0").
+_MARKER = re.compile(r"(?im)^[ \t]*(?:/\*+|\*+/?|//+|#+|--+|;+|%+|!+|'+|@?REM\b|dnl\b)?[ \t]?")
+
+# A whole permissive text (its grant sentence) in a file's header, as single-file
+# libraries carry their license: ISC's, MIT's and BSD's permission paragraphs.
+GRANT_NOTICES = [
+    (
+        re.compile(
+            r"(?is)Permission\s+to\s+use,\s+copy,\s+modify,\s+and(?:/or)?\s+distribute\s+"
+            r"this\s+software\s+for\s+any\s+purpose\s+with\s+or\s+without\s+fee\s+is\s+hereby\s+"
+            r"granted.{0,400}?AS\s+IS.{0,20}?AND\s+THE\s+AUTHOR\s+DISCLAIMS"
+        ),
+        "ISC",
+    ),
+    (
+        re.compile(
+            r"(?is)Permission\s+is\s+hereby\s+granted,\s+free\s+of\s+charge,\s+to\s+any\s+"
+            r"person\s+obtaining\s+a\s+copy.{0,900}?substantial\s+portions\s+of\s+the\s+"
+            r"Software"
+        ),
+        "MIT",
+    ),
+    (
+        re.compile(
+            r"(?is)Redistribution\s+and\s+use\s+in\s+source\s+and\s+binary\s+forms,\s+with\s+"
+            r"or\s+without\s+modification,\s+are\s+permitted.{0,900}?Neither\s+the\s+name"
+        ),
+        "BSD-3-Clause",
+    ),
+    (
+        re.compile(
+            r"(?is)Redistribution\s+and\s+use\s+in\s+source\s+and\s+binary\s+forms,\s+with\s+"
+            r"or\s+without\s+modification,\s+are\s+permitted.{0,1200}?SUCH\s+DAMAGE"
+        ),
+        "BSD-2-Clause",
+    ),
+]
+# JSDoc's ``@license <SPDX expression>`` (``@license AGPL-3.0-or-later``), and the EUPL's
+# own notice ("Licensed under the EUPL, Version 1.2 or - as soon they will be approved").
+_JSDOC_LICENSE = re.compile(r"(?m)@license[ \t]+([A-Za-z0-9][A-Za-z0-9.+-]*)[ \t]*(?:\*+/)?[ \t]*$")
+_EUPL = re.compile(r"(?is)Licen[cs]ed\s+under\s+the\s+EUPL,?\s+(?:Version|v\.?)\s*(1\.[12])")
+
+
 def header_notice_id(text: str) -> str | None:
     """The SPDX id of a standard license notice in a file's leading comments (the GNU
     "This program is free software ... under the terms of the GNU General Public License
     ... version 2 ... or any later version" paragraph, Apache's "Licensed under the
     Apache License, Version 2.0", MPL-2.0's and EPL-2.0's), as ScanCode detects notices;
     a passing mention of a license ("unlike the GPL version 2 tool") is no notice."""
-    head = header_block(text)
+    head = _MARKER.sub("", header_block(text))
     m = _GNU.search(head)
     if m:
         family = _GNU_IDS[(m.group(1) or "").strip().lower()]
@@ -420,7 +470,13 @@ def header_notice_id(text: str) -> str | None:
         if family == "LGPL" and version == "2.0" and "lesser" in (m.group(1) or "").lower():
             version = "2.1"
         return f"{family}-{version}-{'or-later' if m.group(3) else 'only'}"
-    for rx, spdx in HEADER_NOTICES + SHORT_NOTICES:
+    for rx, spdx in HEADER_NOTICES + SHORT_NOTICES + GRANT_NOTICES:
         if rx.search(head):
             return spdx
+    m = _EUPL.search(head)
+    if m:
+        return f"EUPL-{m.group(1)}"
+    m = _JSDOC_LICENSE.search(head)
+    if m and m.group(1).upper() != "MIT":
+        return m.group(1)
     return "LicenseRef-Proprietary" if PROPRIETARY_NOTICE.search(head) else None

@@ -56,7 +56,10 @@ MANIFEST_FILE = re.compile(
     # vcpkg, Elm, D's dub, Bower (JSON ``license``); conda-build's recipe ``meta.yaml``
     # (``about: license:``), CocoaPods, opam, LuaRocks, Nimble, setuptools' ``setup.py``.
     r"vcpkg\.json|elm\.json|dub\.json|bower\.json|meta\.yaml|[^/]+\.podspec|opam|[^/]+\.opam|"
-    r"[^/]+\.rockspec|[^/]+\.nimble|setup\.py)$"
+    r"[^/]+\.rockspec|[^/]+\.nimble|setup\.py|"
+    # Python core metadata (an sdist's ``PKG-INFO``); CPAN's ``META.json``/``META.yml``,
+    # ExtUtils::MakeMaker's ``Makefile.PL`` and Dist::Zilla's ``dist.ini``.
+    r"PKG-INFO|META\.json|META\.yml|Makefile\.PL|dist\.ini)$"
 )
 LICENSE_REF = re.compile(r"(?:DocumentRef-[A-Za-z0-9.-]+:)?LicenseRef-[A-Za-z0-9.-]+")
 PROPRIETARY_MARKERS = frozenset({"UNLICENSED", "PROPRIETARY"})
@@ -76,6 +79,12 @@ _README_NAMES = [
     ),
     (re.compile(r"\bBoost\s+Software\s+Licen[cs]e\b", re.I), "BSL-1.0"),
     (re.compile(r"\bThe\s+Unlicense\b", re.I), "Unlicense"),
+    # Software::License's Perl_5 file and POD: "under the same terms as the Perl 5
+    # programming language system itself" (CPAN::Meta's ``perl_5``).
+    (
+        re.compile(r"\bsame\s+terms\s+as\s+(?:the\s+)?Perl(?:\s*5)?\b", re.I),
+        "(Artistic-1.0-Perl OR GPL-1.0-or-later)",
+    ),
 ]
 # A token that is an SPDX id as written (``Apache-2.0``, ``GPL-3.0-or-later``, ``0BSD``).
 _README_TOKEN = re.compile(r"(?<![\w/.-])[A-Za-z0-9][A-Za-z0-9.+-]*\d[A-Za-z0-9.+-]*(?<![.])")
@@ -343,6 +352,10 @@ def _other_manifest(name: str, content: str) -> ManifestFields:
     if name.endswith((".rockspec", ".nimble")):
         m = re.search(r"""(?m)^\s*license\s*=\s*["']([^"'\n]+)["']""", content)
         return ManifestFields(values=(m.group(1),) if m else ())
+    if name in ("META.json", "META.yml", "Makefile.PL", "dist.ini"):
+        return ManifestFields(values=_perl_licenses(name, content))
+    if name == "PKG-INFO":
+        return ManifestFields(values=_core_metadata_licenses(content))
     if name == "setup.py":
         # Only a literal ``license="..."`` argument (a variable names nothing readable).
         m = re.search(r"""\blicense\s*=\s*(?:[rRuU])?["']([^"'\n]+)["']""", content)
@@ -355,7 +368,7 @@ def manifest_fields(name: str, content: str) -> ManifestFields:
     manifest that does not parse)."""
     # A byte-order mark (Windows editors write one) is no part of JSON, TOML or INI.
     content = content.lstrip("\ufeff")
-    if not re.search(r"\.(json|toml|cfg)$", name):
+    if name == "META.json" or not re.search(r"\.(json|toml|cfg)$", name):
         return _other_manifest(name, content)
     if name.endswith(".json"):
         data = json.loads(content)
@@ -379,10 +392,15 @@ def manifest_fields(name: str, content: str) -> ManifestFields:
     if name == "setup.cfg":
         cfg = configparser.ConfigParser(interpolation=None)
         cfg.read_string(content)
+        files = _strings(cfg.get("metadata", "license_file", fallback=""))
+        listed = _cfg_list(cfg.get("metadata", "license_files", fallback=""))
+        # Trove classifiers speak only where no license field or named file does.
+        trove = _classifier_licenses(cfg.get("metadata", "classifiers", fallback="").splitlines())
         return ManifestFields(
-            values=_strings(cfg.get("metadata", "license", fallback="")),
-            files=_strings(cfg.get("metadata", "license_file", fallback="")),
-            listed=_cfg_list(cfg.get("metadata", "license_files", fallback="")),
+            values=_strings(cfg.get("metadata", "license", fallback=""))
+            or (() if files or listed else trove),
+            files=files,
+            listed=listed,
         )
     data = tomllib.loads(content)
     if name == "Cargo.toml":
@@ -391,9 +409,113 @@ def manifest_fields(name: str, content: str) -> ManifestFields:
     project = project if isinstance(project, dict) else {}
     value = project.get("license") or data.get("tool", {}).get("poetry", {}).get("license")
     listed = _strings(project.get("license-files"))  # PEP 639: globs
+    classifiers = project.get("classifiers") or data.get("tool", {}).get("poetry", {}).get(
+        "classifiers"
+    )
+    trove = _classifier_licenses(classifiers if isinstance(classifiers, list) else [])
     if isinstance(value, dict):  # PEP 621: {text = "..."} or {file = "..."}
-        return ManifestFields(_strings(value.get("text")), _strings(value.get("file")), listed)
-    return ManifestFields(_strings(value), listed=listed)
+        text, file = _strings(value.get("text")), _strings(value.get("file"))
+        return ManifestFields(text or (() if file else trove), file, listed)
+    return ManifestFields(_strings(value) or (() if listed else trove), listed=listed)
+
+
+# CPAN::Meta::Spec's license strings (``META.json``/``META.yml``, MakeMaker's ``LICENSE``)
+# and Software::License's class names (``dist.ini``), lower-cased: SPDX expressions.
+_CPAN_LICENSES = {
+    "perl": "Artistic-1.0-Perl OR GPL-1.0-or-later",
+    "perl_5": "Artistic-1.0-Perl OR GPL-1.0-or-later",
+    "apache": "Apache-2.0",
+    "apache_2_0": "Apache-2.0",
+    "apache_1_1": "Apache-1.1",
+    "artistic": "Artistic-1.0",
+    "artistic_1": "Artistic-1.0",
+    "artistic_2": "Artistic-2.0",
+    "artistic_2_0": "Artistic-2.0",
+    "bsd": "BSD-3-Clause",
+    "freebsd": "BSD-2-Clause",
+    "mit": "MIT",
+    "isc": "ISC",
+    "zlib": "Zlib",
+    "cc0_1_0": "CC0-1.0",
+    "gpl": "GPL-1.0-or-later",
+    "gpl_1": "GPL-1.0-only",
+    "gpl_2": "GPL-2.0-only",
+    "gpl_3": "GPL-3.0-only",
+    "agpl_3": "AGPL-3.0-only",
+    "lgpl": "LGPL-2.1-or-later",
+    "lgpl_2_1": "LGPL-2.1-only",
+    "lgpl_3_0": "LGPL-3.0-only",
+    "mozilla_1_1": "MPL-1.1",
+    "mozilla_2_0": "MPL-2.0",
+    "mpl_2_0": "MPL-2.0",
+    "restricted": "UNLICENSED",
+}
+
+
+def _perl_licenses(name: str, content: str) -> tuple[str, ...]:
+    """A CPAN distribution's declared license: ``META.json``/``META.yml`` ``license``
+    (a list offers a choice), ``Makefile.PL`` ``LICENSE => 'perl'``, ``dist.ini``
+    ``license = Perl_5``; CPAN's ``unknown``/``open_source`` name no license."""
+    if name == "META.json":
+        data = json.loads(content)
+        raw = data.get("license") if isinstance(data, dict) else None
+        words = [raw] if isinstance(raw, str) else raw if isinstance(raw, list) else []
+    elif name == "META.yml":
+        m = re.search(r"(?m)^license\s*:\s*(\[[^\]\n]*\]|[^\n#]+?)\s*$", content)
+        words = re.findall(r"[\w.-]+", m.group(1)) if m else []
+    elif name == "Makefile.PL":
+        m = re.search(r"""\bLICENSE\s*=>\s*["']([^"'\n]+)["']""", content)
+        words = [m.group(1)] if m else []
+    else:
+        m = re.search(r"(?m)^license\s*=\s*(\S+)\s*$", content)
+        words = [m.group(1)] if m else []
+    values = [_CPAN_LICENSES.get(w.strip().lower(), "") for w in words if isinstance(w, str)]
+    return _either([v for v in values if v])
+
+
+# PyPI's ``License ::`` trove classifiers whose last part names no version or is vague.
+_TROVE_NAMES = {
+    "apache software license": "Apache-2.0",
+    "academic free license (afl)": "AFL-3.0",
+}
+_TROVE_VAGUE = re.compile(
+    r"(?i)^(?:OSI Approved|BSD License|Public Domain|Freeware|Freely Dis"
+    r"tributable|Other/Proprietary License|DFSG approved|Repoze.*)$"
+)
+
+
+def _classifier_licenses(classifiers: Iterable[object]) -> tuple[str, ...]:
+    """The licenses ``License :: ...`` trove classifiers name (several offer a choice, as
+    a package listing MIT and Apache classifiers is dual-licensed); classifiers that
+    name no one license (``BSD License``, ``OSI Approved``) declare nothing."""
+    found = []
+    for c in classifiers:
+        parts = [p.strip() for p in str(c).split("::")]
+        if len(parts) < 2 or parts[0] != "License" or _TROVE_VAGUE.match(parts[-1]):
+            continue
+        last = parts[-1]
+        spdx = _TROVE_NAMES.get(last.lower()) or _declared_expression(
+            re.sub(r"\([^)]*\)", " ", last).strip()
+        )
+        if spdx:
+            found.append(spdx)
+    return _either(list(dict.fromkeys(found)))
+
+
+def _core_metadata_licenses(content: str) -> tuple[str, ...]:
+    """Python core metadata (``PKG-INFO``): ``License-Expression`` (PEP 639), else a
+    short ``License`` (older tools put a whole license text there, or ``UNKNOWN``), else
+    the ``License ::`` classifiers."""
+    head = content.split("\n\n", 1)[0]  # the body after the first blank line is the README
+    fields = re.findall(r"(?m)^([A-Za-z-]+):[ \t]*(.*)$", head)
+    for key, value in fields:
+        if key.lower() == "license-expression" and value.strip():
+            return (value.strip(),)
+    for key, value in fields:
+        value = value.strip()
+        if key.lower() == "license" and value.upper() != "UNKNOWN" and _declared_expression(value):
+            return (value,)
+    return _classifier_licenses(v for k, v in fields if k.lower() == "classifier")
 
 
 def _manifest_values(name: str, content: str) -> list[str]:
@@ -478,8 +600,28 @@ def declared_matches(values: Iterable[str]) -> list[LicenseMatch]:
         expression_matches(values, "manifest")
         or expression_matches([_normalise_license_name(v) for v in values], "manifest")
         or expression_matches([n for v in values if (n := _named_license(v))], "manifest")
+        or expression_matches([e for v in values if (e := _choice_of_names(v))], "manifest")
     )
     return found or [LicenseMatch(UNIDENTIFIED, 0.0, 0, "manifest")]
+
+
+def _declared_expression(value: str) -> str:
+    """One declared value as an SPDX expression: itself, its normalised name or a known
+    license name ('' when none)."""
+    for candidate in (value, _normalise_license_name(value), _named_license(value)):
+        if candidate and parse_spdx(candidate) is not None:
+            return candidate
+    return ""
+
+
+def _choice_of_names(value: str) -> str:
+    """A list of license names offered as a choice (Maven's ``<name>MIT License</name>``
+    beside ``<name>Apache 2</name>``, joined by :func:`_either` as ``(MIT License) OR
+    (Apache 2)``), each name mapped on its own; '' unless every one is known."""
+    if not (value.startswith("(") and value.endswith(")") and ") OR (" in value):
+        return ""
+    parts = [_declared_expression(p) for p in value[1:-1].split(") OR (")]
+    return " OR ".join(f"({p})" for p in parts) if all(parts) else ""
 
 
 # License names other ecosystems write (R's "GPL (>= 2)", Cabal's "BSD3" and "GPL-3",

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from jaxcore.checkpointing.portable import export_checkpoint, read_params
 from jaxcore.errors import ConfigError
 from jaxcore.hf.config import config_from_hf
-from jaxcore.hf.writer import save
+from jaxcore.hf.writer import TOKENIZER_FILES, save
 from jaxcore.models.transformer import TransformerConfig
 
 
@@ -49,13 +49,15 @@ def export_hf(
     config: TransformerConfig,
     *,
     dtype: str | None = None,
+    tokenizer: str | pathlib.Path | None = None,
 ) -> pathlib.Path:
-    """Write the parameters of checkpoint step ``checkpoint`` as a HF model in ``directory``."""
+    """Write the parameters of checkpoint step ``checkpoint`` as a HF model in ``directory``
+    (with ``tokenizer``'s files, as `jaxcore.hf.save`)."""
     pathlib.Path(directory).parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=pathlib.Path(directory).parent) as tmp:
         flat = export_checkpoint(checkpoint, pathlib.Path(tmp) / "params.safetensors")
         params, _ = read_params(flat)
-    return save(params, config, directory, dtype=dtype)
+    return save(params, config, directory, dtype=dtype, tokenizer=tokenizer)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -75,8 +77,31 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="the model's config: a JSON of TransformerConfig fields or a HF config.json",
     )
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"])
+    p.add_argument(
+        "--tokenizer",
+        default=None,
+        help="copy this folder's (or tokenizer.json's) tokenizer files into DIR "
+        "(default: the --config folder's, when it has them)",
+    )
     args = p.parse_args(argv)
+    tokenizer = args.tokenizer
+    if tokenizer is None and any(
+        (pathlib.Path(args.config) / n).is_file() for n in TOKENIZER_FILES
+    ):
+        tokenizer = args.config  # the folder of the model the run was fine-tuned from
     checkpoint, directory = (pathlib.Path(x) for x in args.hf)
+    if not checkpoint.exists():  # a step that keep_last removed, or a typo
+        parent = checkpoint.parent
+        steps = sorted(
+            int(p.name) for p in parent.glob("*") if p.name.isdigit() and (p / "state").is_dir()
+        )
+        there = f"steps in {parent}: {steps}" if steps else "no steps next to it"
+        print(
+            f"jaxcore export: {checkpoint} does not exist ({there}; keep_last removes older "
+            "steps); pass one that is there, e.g. the latest.",
+            file=sys.stderr,
+        )
+        return 2
     if not (checkpoint / "state").is_dir():
         print(
             f"jaxcore export: {checkpoint} is not a checkpoint step directory (no state/); "
@@ -85,7 +110,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return 2
     try:
-        out = export_hf(checkpoint, directory, read_model_config(args.config), dtype=args.dtype)
+        out = export_hf(
+            checkpoint,
+            directory,
+            read_model_config(args.config),
+            dtype=args.dtype,
+            tokenizer=tokenizer,
+        )
     except ConfigError as e:
         print(f"jaxcore export: {e}", file=sys.stderr)
         return 2

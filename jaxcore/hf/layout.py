@@ -85,6 +85,11 @@ def tensor_maps(cfg: TransformerConfig) -> list[TensorMap]:
     return maps
 
 
+def native_shape(m: TensorMap, size: dict[str, int]) -> tuple[int, ...]:
+    """The native parameter's shape (layers first when stacked)."""
+    return tuple(size[c] for c in ("l" * m.stacked) + m.native_dims)
+
+
 def hf_shape(m: TensorMap, size: dict[str, int]) -> tuple[int, ...]:
     return tuple(math.prod(size[c] for c in group) for group in m.hf_dims)
 

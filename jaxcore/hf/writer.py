@@ -11,10 +11,12 @@ parameter, never the model.
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
 import pathlib
+import shutil
 import struct
 from typing import Any
 
@@ -76,6 +78,7 @@ def save(
     max_shard_bytes: int = DEFAULT_SHARD_BYTES,
     extra_tensors: dict[str, Any] | None = None,
     config_updates: dict[str, Any] | None = None,
+    tokenizer: str | os.PathLike | None = None,
 ) -> pathlib.Path:
     """Write ``params`` (a `Transformer`'s, host or sharded) as a HF model directory.
 
@@ -89,9 +92,15 @@ def save(
     ``extra_tensors`` (HF name -> array) are written after the model's own, and
     ``config_updates`` override keys of the written ``config.json``: a model with another
     head (``rlhf.export_reward_model``: ``score.weight`` and ``*ForSequenceClassification``).
+
+    ``tokenizer`` (a model folder, or a ``tokenizer.json`` / ``tokenizer.model`` path)
+    copies its tokenizer files along, as ``tokenizer.save_pretrained`` would write them,
+    so ``AutoTokenizer.from_pretrained(directory)`` loads it (without them transformers
+    5 builds an empty tokenizer for a Qwen2 folder, silently).
     """
     directory = pathlib.Path(directory)
     dtype = check_dtype(dtype, "jaxcore.hf.save")
+    tokenizer_files = _tokenizer_files(tokenizer)
     if (
         isinstance(max_shard_bytes, bool)
         or not isinstance(max_shard_bytes, int | np.integer)
@@ -108,6 +117,19 @@ def save(
         raise ConfigError(
             f"jaxcore.hf.save: params do not match the config: missing {missing}, unknown "
             f"{unknown}. Pass TrainState.params of a Transformer built with this config."
+        )
+    # Before anything is written: a config of another size would otherwise stop midway in
+    # a reshape, or (fewer layers) write a model that silently drops the rest.
+    wrong = [
+        f"{k} {tuple(params[k].shape)} (the config needs {layout.native_shape(m, size)})"
+        for k, m in maps.items()
+        if tuple(params[k].shape) != layout.native_shape(m, size)
+    ]
+    if wrong:
+        raise ConfigError(
+            f"jaxcore.hf.save: params do not fit the config: {', '.join(wrong[:4])}"
+            f"{' ...' if len(wrong) > 4 else ''}. Give the config of the model these params "
+            "were trained with (jaxcore export: its --config)."
         )
     out_dtype = {
         k: np.dtype(jnp.dtype(dtype if dtype is not None else v.dtype)) for k, v in params.items()
@@ -180,8 +202,43 @@ def save(
         kinds = {d.name for d in dtypes.values()}
         hf_config = config_to_hf(config, dtype=kinds.pop() if len(kinds) == 1 else "float32")
         hf_config.update(config_updates or {})
+        for source in tokenizer_files:  # before config.json, which marks a complete save
+            target = directory / source.name
+            if not (target.exists() and target.samefile(source)):
+                partial = target.with_name(target.name + ".partial")
+                shutil.copyfile(source, partial)
+                os.replace(partial, target)
         _write_atomic(directory / CONFIG_FILE, json.dumps(hf_config, indent=2) + "\n")
     return directory
+
+
+# What tokenizer.save_pretrained writes (fast and slow tokenizers, chat template).
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+    "chat_template.jinja",
+)
+
+
+def _tokenizer_files(tokenizer: str | os.PathLike | None) -> list[pathlib.Path]:
+    """The tokenizer files to copy for ``tokenizer=`` (a folder or a file in one)."""
+    if tokenizer is None:
+        return []
+    path = pathlib.Path(tokenizer)
+    folder = path if path.is_dir() else path.parent
+    found = [folder / n for n in TOKENIZER_FILES if (folder / n).is_file()]
+    if not path.exists() or not found or (path.is_file() and path.name not in TOKENIZER_FILES):
+        raise ConfigError(
+            f"jaxcore.hf.save(tokenizer={str(tokenizer)!r}): not a tokenizer folder or file "
+            f"(none of {', '.join(TOKENIZER_FILES[:2])}, ... there); give the folder of the "
+            "model you fine-tuned, e.g. tokenizer='Qwen2-0.5B/'."
+        )
+    return found
 
 
 def _begin(directory: pathlib.Path) -> None:
@@ -192,6 +249,12 @@ def _begin(directory: pathlib.Path) -> None:
     transformers nor `jaxcore.hf.load` loads, instead of new shards mixed with the earlier
     save's, which the old index and config would load together.
     """
+    if directory.exists() and not directory.is_dir():  # mkdir's bare "File exists" misled
+        raise NotADirectoryError(
+            errno.ENOTDIR,
+            "a file is there, not a folder: give hf.save a folder path",
+            str(directory),
+        )
     directory.mkdir(parents=True, exist_ok=True)
     (directory / CONFIG_FILE).unlink(missing_ok=True)
 

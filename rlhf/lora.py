@@ -231,6 +231,35 @@ def base_params(params: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in params.items() if k != ADAPTERS}
 
 
+def merged_params(params: dict[str, Any], lora: LoRAConfig) -> dict[str, Any]:
+    """A LoRA parameter tree as the plain `Transformer`'s: each targeted weight with its
+    adapter folded in (``W + scale * A @ B`` per layer, peft's ``merge_and_unload``) and
+    the adapters dropped: what `jaxcore.hf.save`, `jaxcore.save_params` and
+    `inference.LLM` take. ``lora`` must be the config the adapters were trained with
+    (``alpha`` is not in the arrays). A tree without adapters is returned as it is."""
+    if not has_adapters(params):
+        return params
+    adapters = params[ADAPTERS]
+    have = sorted(k[:-2] for k in adapters if k.endswith("_a"))
+    if have != sorted(lora.targets):
+        raise ConfigError(
+            f"merged_params: the adapters are on {have} but LoRAConfig.targets is "
+            f"{list(lora.targets)}; pass the LoRAConfig the run was trained with."
+        )
+    merged = base_params(params)
+    for name in lora.targets:
+        a, b = adapters[f"{name}_a"], adapters[f"{name}_b"]
+        if a.shape[-1] != lora.rank:
+            raise ConfigError(
+                f"merged_params: the {name} adapter has rank {a.shape[-1]}, LoRAConfig.rank "
+                f"is {lora.rank}; pass the LoRAConfig the run was trained with."
+            )
+        update = functools.partial(low_rank_update, scale=lora.scale)
+        delta = update(a, b) if name == HEAD else jax.vmap(update)(a, b)  # over the layers
+        merged[name] = merged[name] + delta.astype(merged[name].dtype)
+    return merged
+
+
 @contextlib.contextmanager
 def disabled(model: Any) -> Iterator[Any]:
     """Run ``model`` as its base inside the block (peft's ``disable_adapter()``); a

@@ -116,7 +116,13 @@ def save(
     if unknown or missing:
         raise ConfigError(
             f"jaxcore.hf.save: params do not match the config: missing {missing}, unknown "
-            f"{unknown}. Pass TrainState.params of a Transformer built with this config."
+            f"{unknown}. Pass TrainState.params of a Transformer built with this config"
+            + (
+                " (LoRA adapters: fold them in first with rlhf.lora.merged_params(params, "
+                "lora_config))."
+                if "lora" in unknown
+                else "."
+            )
         )
     # Before anything is written: a config of another size would otherwise stop midway in
     # a reshape, or (fewer layers) write a model that silently drops the rest.

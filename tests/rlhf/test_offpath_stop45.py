@@ -64,3 +64,40 @@ def test_a_run_recorded_without_the_hash_still_resumes(tmp_path):
     other = dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, seed=1))
     with pytest.raises(ConfigError, match=r"data.seed: 0 -> 1"):
         check_out(other)
+
+
+def test_merged_lora_params_are_a_plain_transformer_with_the_same_logits(tmp_path):
+    # hf.save / save_params take a plain Transformer's params; a LoRA run had no public
+    # way to fold its adapters in ("unknown ['lora']").
+    import jax
+    import numpy as np
+    from flax import nnx
+
+    from jaxcore.models import Transformer, TransformerConfig
+    from rlhf import lora
+
+    cfg = TransformerConfig(**MODEL)
+    config = lora.LoRAConfig(rank=2, alpha=6.0, targets=("wo", "w_up", "lm_head"))
+    model = lora.LoRATransformer(cfg, config, rngs=nnx.Rngs(0))
+    rng = np.random.default_rng(0)
+    for name in config.targets:  # B starts at zero: give the adapters something to add
+        b = getattr(model.lora, f"{name}_b")
+        b[...] = rng.normal(size=b[...].shape).astype(np.float32)
+    params = nnx.to_pure_dict(nnx.state(model, nnx.Param))
+    merged = lora.merged_params(params, config)
+    assert "lora" not in merged and set(merged) == set(params) - {"lora"}
+    plain = Transformer(cfg, rngs=nnx.Rngs(1))
+    state = nnx.state(plain, nnx.Param)
+    nnx.replace_by_pure_dict(state, merged)
+    nnx.update(plain, state)
+    tokens = rng.integers(0, cfg.vocab_size, (2, 8)).astype(np.int32)
+    forward = nnx.jit(lambda m, t: m(t))  # eager, the two forwards took ~10 s
+    np.testing.assert_allclose(forward(plain, tokens), forward(model, tokens), rtol=1e-5, atol=1e-5)
+    assert not np.allclose(jax.device_get(merged["wo"]), jax.device_get(params["wo"]))
+    from jaxcore import hf
+
+    with pytest.raises(ConfigError, match=r"rlhf\.lora\.merged_params\(params, lora_config\)"):
+        hf.save(params, cfg, tmp_path / "hf")
+    assert not (tmp_path / "hf").exists()
+    with pytest.raises(ConfigError, match="pass the LoRAConfig the run was trained with"):
+        lora.merged_params(params, lora.LoRAConfig(rank=2, targets=("wq",)))

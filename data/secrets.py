@@ -143,18 +143,19 @@ TWILIO_TOKEN = re.compile(r"""(["'])([0-9a-f]{32})\1""")
 
 # -- names -------------------------------------------------------------------------------
 _PARTS = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+")
+# psk: Wi-Fi; authtok: sssd's ``ldap_default_authtok`` (the bind password).
 PASSWORD_PARTS = frozenset(
-    {"password", "passwd", "passphrase", "pwd", "pass", "pw", "passw", "psk"}  # psk: Wi-Fi
+    {"password", "passwd", "passphrase", "pwd", "pass", "pw", "passw", "psk", "authtok"}
 )
 # Password names in one lowercase word (offlineimap's ``remotepass``, mutt's ``smtppass``).
 JOINED_PASSWORD_NAMES = frozenset(
     {"remotepass", "localpass", "smtppass", "imappass", "dbpass", "rootpass", "adminpass"}
 )
 # The general form of those: a qualifier glued to pass/pwd/passwd (keytool's ``-storepass``,
-# ``-srcstorepass``, ``-keypass``; ``sshpass``-style ``sudopass``, ``mailpwd``); ``bypass``,
-# ``compass``, ``multipass`` have no such qualifier.
+# ``-srcstorepass``, ``-keypass``, pam_ldap's ``rootbindpw``; ``sshpass``-style ``sudopass``,
+# ``mailpwd``); ``bypass``, ``compass``, ``multipass`` have no such qualifier.
 JOINED_PASSWORD = re.compile(
-    r"(?:src|dest|new|old|cur)?(?:store|key|trust|root|admin|db|smtp|imap|pop|remote|local|"
+    r"(?:src|dest|new|old|cur|root)?(?:store|key|trust|root|admin|db|smtp|imap|pop|remote|local|"
     r"user|ssh|sudo|become|mail|ftp|proxy|vnc|master|bind|login|sys|web|ldap|redis|mysql|pg)"
     r"(?:pass|pwd|passwd|pw)"
 )
@@ -162,6 +163,7 @@ SECRET_PARTS = frozenset(
     {
         "token",
         "secret",
+        "secrets",  # webhook_secrets: a list of them
         "apikey",
         "credential",
         "credentials",
@@ -609,6 +611,26 @@ IDENTIFIER = re.compile(
 _WORD = r"(?:[A-Z][a-z]{2,}|[A-Z]{2,5}(?=[A-Z][a-z]|\.|$))"
 _CAMEL = rf"(?:[a-z]{{2,}}|{_WORD})(?:{_WORD})*"
 CAMEL_WORDS = re.compile(rf"^{_CAMEL}(?:\.{_CAMEL})*$")
+# A schema's type in the value position (GraphQL ``password: String!``, ``token: [ID!]!``).
+SCHEMA_TYPE = re.compile(r"^\[?(?:String|Int|Float|Boolean|ID|Bytes|JSON|Secret|Password)!?\]?!?$")
+# The word "password" in other languages (i18n files: ``password: Passwort``) is a label.
+PASSWORD_WORDS = frozenset(
+    {
+        "passwort", "kennwort", "contraseña", "contrasena", "wachtwoord", "mot de passe",
+        "senha", "parola", "lösenord", "losenord", "adgangskode", "passord", "salasana",
+        "hasło", "haslo", "heslo", "jelszó", "şifre", "sifre", "пароль", "κωδικός",
+        "パスワード", "密码", "密碼", "비밀번호", "كلمة المرور", "סיסמה", "mật khẩu",
+        "kata sandi", "katalaluan", "rahasia", "wagwoord", "lozinka", "geslo", "parool",
+        "slaptažodis", "parole", "contrasenya", "pasahitza",
+    }
+)  # fmt: skip
+# Password hashes (Django/passlib ``algo$...``, crypt(3) ``$id$...``, LDAP ``{SSHA}``): the
+# stored form of a password, not the password (gitleaks and detect-secrets leave them).
+PASSWORD_HASH = re.compile(
+    r"^(?:(?:pbkdf2_sha\d+|pbkdf2|argon2|bcrypt(?:_sha256)?|scrypt|sha1|md5|crypt)\$|"
+    r"\$(?:2[abxy]?|1|5|6|7|y|gy|apr1|argon2(?:id|i|d))\$|"
+    r"\{(?:SSHA\d*|SHA\d*|SMD5|MD5|CRYPT|PBKDF2[\w-]*|ARGON2)\})"
+)
 _ENTROPY = Base64HighEntropyString()
 
 
@@ -625,7 +647,9 @@ def is_reference_or_placeholder(value: str) -> bool:
         return True
     if EXAMPLE_JWT_PAYLOAD in v or any(sig in v for sig in EXAMPLE_JWT_SIGNATURES):
         return True
-    if PATH_LIKE.search(v) or v.startswith(("http://", "https://")):
+    if PATH_LIKE.search(v) or v.startswith(("http://", "https://")) or SCHEMA_TYPE.match(v):
+        return True
+    if low in PASSWORD_WORDS or PASSWORD_HASH.match(v):
         return True
     if URL_REFERENCE.match(v):
         return True
@@ -754,8 +778,13 @@ ASSIGN_TAIL = re.compile(
 # Type-annotated constants: Rust `API_KEY: &str = "x"`, TypeScript/Kotlin/Swift/Scala
 # `apiKey: string = "x"`, Python `TOKEN: Final[str] = "x"` (a quoted value only).
 # VB.NET's `Dim apiKey As String = "x"`.
+# Also the literal wrapped in a constructor (pydantic's ``api_key: SecretStr =
+# SecretStr("x")``, ``Field("x")``, ``Field(default="x")``) and C#'s property initialiser
+# ``string Password { get; set; } = "x";``.
 TYPED_TAIL = re.compile(
-    r"""(?:\s*:\s*[\w.<>\[\]?&'| ]{1,40}?|\s+As\s+[\w.]{1,40})\s*=(?!=)\s*""" + _PREFIX + "?" + _Q
+    r"""(?:\s*:\s*[\w.<>\[\]?&'| ]{1,40}?|\s+As\s+[\w.]{1,40}|"""
+    r"""\s*\{\s*(?:(?:private\s+|protected\s+|internal\s+)?(?:get|set|init);\s*)+\})"""
+    r"""\s*=(?!=)\s*(?:[A-Z]\w{0,40}\(\s*(?:default\s*=\s*)?)?""" + _PREFIX + "?" + _Q
 )
 # Dockerfile's legacy `ENV NAME value` (no `=`), C's `#define NAME "value"`, fish's
 # `set -gx NAME value`, csh's `setenv NAME value`, Windows' `setx NAME value`.
@@ -782,6 +811,19 @@ ARGV_TAIL = re.compile(r"""["']\s*,\s*""" + _Q)
 # Kotlin's mapOf("password" to "x").
 # (Not ``"MasterUserPassword", "ParameterValue": ...``: a string before ":" is the next key.)
 PAIR_TAIL = re.compile(r"""["']\s*(?:,|\]\s*=|to(?=\s))\s*""" + _Q + r"(?![ \t]*:)")
+# A declared option's default: click/argparse/typer ``("--token", default="x")``, Quarkus'
+# ``@ConfigProperty(name = "api.key", defaultValue = "x")``, Micronaut/Spring ``defaultValue``.
+DEFAULT_ARG_TAIL = re.compile(
+    r"""["'][^()\n]{0,120}?\b(?:default|defaultValue|default_value)\s*[=:]\s*""" + _Q
+)
+# JAAS PlainLoginModule/DigestLoginModule options ``user_<name>="pw"`` (Kafka, ZooKeeper):
+# each defines a user by its password; read in a file that names a LoginModule.
+JAAS_USER = re.compile(r"""(?<![\w.])user_[\w-]{1,64}[ \t]*=[ \t]*""" + _Q)
+JAAS_CONTEXT = 2048
+# COBOL data items: ``01 WS-DB-PASSWORD PIC X(14) VALUE "x".``
+COBOL_VALUE = re.compile(
+    r"""(?i)[ \t]+PIC(?:TURE)?[ \t]+\S+[ \t]+VALUES?[ \t]+(?:IS[ \t]+)?""" + _Q
+)
 # Erlang/Elixir tuples: {db_password, "x"}, {:password, "x"}.
 TUPLE_TAIL = re.compile(r"""\s*,\s*""" + _Q + r"\s*\}")
 # Property lists: <key>ApiKey</key> <string>x</string> (the value is the next element).
@@ -937,7 +979,16 @@ JWK_PRIVATE = re.compile(r'"(?:d|p|q|dp|dq|qi|k)"\s*:\s*"(?P<bv>[A-Za-z0-9_-]{16
 JWK_CONTEXT = 4096
 # Words that mark a line for the rules above beyond ``pii_scan.SECRET_WORDS`` (lines with
 # none of those words: ``rabbitmqctl add_user u pw``, ``net user u pw /add``, a JWK).
-SECRET_LINE_WORDS = ("rabbitmqctl", "net user", '"kty"')
+# (Oracle's ``user/pw@db`` after sqlplus/sqlldr/expdp/impdp/rman/dgmgrl; ``connect ... user u
+# using pw`` lines have "connect" already; bare ``exp``/``imp``/``sql`` and " using " would
+# add thousands of prose and code lines to scan.)
+SECRET_LINE_WORDS = (
+    "rabbitmqctl", "net user", '"kty"', "sqlplus", "sqlldr", "expdp", "impdp", "rman ",
+    "dgmgrl", "userid=", '"raw"', "user_",
+)  # fmt: skip
+ORACLE_WORDS = re.compile(
+    r"sqlplus|sqlldr|expdp|impdp|\bexp |\bimp |rman |dgmgrl|\bsql |userid=|conn"
+)
 # Records that hold a setting as a name and a value field: Kubernetes/Azure Pipelines
 # ``- name: DB_PASSWORD`` / ``value: x``, ECS ``{"name": ..., "value": ...}``, Postman's
 # ``{"key": ..., "value": ...}``, CloudFormation's ParameterKey/ParameterValue.
@@ -970,7 +1021,7 @@ IDENTIFIED_BY = re.compile(
 # (2-argument calls: the second; longer ones: the third: host/url/dsn, user, password).
 LOGIN_CALL = re.compile(
     r"(?i)(?:\b|_)(?:set_?)?(?P<fn>login|logon|signin|sign_in|auth|authenticate|"
-    r"basicauth|httpbasicauth|httpdigestauth|plainauth|credentials?|"
+    r"basicauth|httpbasicauth|httpdigestauth|plainauth|\w*credentials?|"
     r"networkcredential|bind|bind_s|simple_bind|simple_bind_s|connect|"
     r"mysqli_connect|mysql_connect|pg_connect|getconnection|pdo|"
     r"passwordauthentication|usernamepasswordcredentials|set_password)\s*\(|"
@@ -986,7 +1037,48 @@ SECURE_STRING = re.compile(
 SMB_USER = re.compile(
     r"""(?<![\w-])(?:-U|--user(?:name)?)(?:=|[ \t]+)["']?[^\s%"']+%(?P<bv>[^\s"']+)"""
 )
-_STR = re.compile(r"""\s*(?:[bru]?(["'])((?:(?!\1).){0,256})\1|([^,()"']*))\s*""")
+# A value that is not on the name's line: TOML/Python triple-quoted strings (``key = '''x'''``,
+# ``token = """`` then the value on the next line) and a value continued on the next,
+# deeper-indented line (INI/configparser ``password =`` then ``    x``, YAML's plain
+# multi-line scalar ``password:`` then ``  x``). One token only: a mapping (``k: v``), a
+# list item or a sentence below the name is no value.
+TRIPLE_HEAD = re.compile(r"""["']?[ \t]*(?:=|:)[ \t]*(?P<tq>'''|\"\"\")""")
+SEP_AT_END = re.compile(r"""["']?[ \t]*(?:=|:)[ \t]*$""")
+CONTINUATION = re.compile(r"""[ \t]+(?P<bv>[^\s"'`<>\[\]{}|#;-][^\s"'`<>\[\]{}|]{0,1023})[ \t]*$""")
+# Config directives ``name value`` with a secret name and one value on the line (OpenLDAP's
+# ``rootpw x``, nslcd's ``bindpw x``, ldap.conf's ``BINDPW x``, like redis' ``requirepass``):
+# only the two tokens, the value generated-looking (a digit or symbol, not a word).
+_INDENT = re.compile(r"[ \t]*")
+# A list of values under a secret name: YAML/TOML/JSON ``keys: [a, b]`` and a YAML block
+# sequence (``webhook_secrets:`` then ``  - a`` lines); each item is judged as a value.
+LIST_FLOW = re.compile(r"""["']?[ \t]*[:=][ \t]*\[(?P<items>[^\[\]\n]{1,2048})\][ \t]*,?[ \t]*$""")
+LIST_ITEM = re.compile(
+    r"""[ \t]*-[ \t]+(?P<q>["']?)(?P<bv>[^\s"'#:,\[\]{}]{1,1024})(?P=q)[ \t]*$"""
+)
+LIST_ITEMS_MAX = 64
+NAME_SPACE_VALUE = re.compile(
+    r"""[ \t]+(?P<bv>[^\s"'`<>=:#;\[\]{}|][^\s"'`<>=:\[\]{}|]{3,1023})[ \t]*(?:[#;][^\n]*)?$"""
+)
+# Oracle tools' ``user/password[@connect]`` login argument: sqlplus, sqlldr, expdp/impdp,
+# exp/imp, rman target/catalog, dgmgrl, SQLcl, and ``userid=``/``connect`` forms; after the
+# words that are also prose (exp, imp, sql, connect: ``sql reader/writer``) only with the
+# ``@connect`` part.
+ORACLE_LOGIN = re.compile(
+    r"(?im)(?:\b(?P<tool>sqlplus|sqlldr|expdp|impdp|exp|imp|rman|dgmgrl|sql)(?:[ \t]+-\w+)*"
+    r"(?:[ \t]+(?:target|catalog|auxiliary))?|\buserid=|^[ \t]*(?P<tool2>conn)(?:ect)?)"
+    r"[ \t]*=?[ \t]*"
+    r"[\"']?[\w$#]{1,64}/(?P<bv>[^\s@/\"']{1,128})(?=@|[\"']|[ \t]|$)"
+)
+# ``... user NAME using PASSWORD`` (DB2's CONNECT TO, Informix, ODBC-style CLIs).
+USER_USING = re.compile(r"(?i)\buser[ \t]+\S+[ \t]+using[ \t]+(?:" + _Q + r"|(?P<bv>[^\s;\"']+))")
+# A ``user:password`` pair as the value of an auth-named key (HTTPie sessions'
+# ``"auth": {"type": "basic", "raw": "u:pw"}``, ``basic_auth: u:pw``, ``"credentials": "u:pw"``).
+AUTH_PAIR = re.compile(
+    r"""(?i)["']?(?P<n>raw|auth|basic_?auth|http_?auth|credentials?|userpass|user_?pass)["']?"""
+    r"""[ \t]*[:=][ \t]*["']?[^\s"':@/]{1,64}:(?P<bv>[^\s"'@]{4,128})["']?"""
+)
+# A string argument may be converted in place: "pw".toCharArray(), "k".encode(), .getBytes().
+_STR = re.compile(r"""\s*(?:[bru]?(["'])((?:(?!\1).){0,256})\1(?:\.\w+\(\s*\))*|([^,()"']*))\s*""")
 
 
 # A call, a dotted name, or a PowerShell cmdlet (`$pw = ConvertTo-SecureString ...`).
@@ -1107,9 +1199,27 @@ def _line_secrets(text: str, s: int, e: int) -> Iterator[Hit]:
         (SQL_OPTIONS_PASSWORD, "options"),
         (SQUID_LOGIN, "login="),
         (SQL_SET_PASSWORD, "set password"),
+        (USER_USING, " using "),
     ):
         if needle in low:
             for m in rx.finditer(text, s, e):
+                yield from _judge("password", _value(m), "")
+    if (
+        "user_" in low
+        and JAAS_USER.search(text, s, e)  # before the context's copy: most user_ are code
+        and "loginmodule" in text[max(0, s - JAAS_CONTEXT) : e].lower()
+    ):
+        for m in JAAS_USER.finditer(text, s, e):
+            yield from _judge("password", _value(m), "")
+    if "/" in line and ORACLE_WORDS.search(low):
+        for m in ORACLE_LOGIN.finditer(text, s, e):
+            tool = (m.group("tool") or m.group("tool2") or "").lower()
+            if tool in ("exp", "imp", "sql", "conn") and text[m.end() : m.end() + 1] != "@":
+                continue
+            yield from _judge("password", _value(m), "")
+    if "auth" in low or "cred" in low or "userpass" in low or '"raw"' in low:
+        for m in AUTH_PAIR.finditer(text, s, e):
+            if m.group("n").lower() != "raw" or "auth" in text[max(0, s - 240) : m.start()].lower():
                 yield from _judge("password", _value(m), "")
     if "echo" in low or "printf" in low:
         for rx in (STDIN_PASSWORD, CHPASSWD):
@@ -1240,6 +1350,7 @@ def _named_secrets(text: str, s: int, e: int, low: str) -> Iterator[Hit]:
     """Values of key-like names: each TRIGGER hit is widened to its name, then the
     syntaxes that can follow a name are tried at its end (``re.match``, no scan)."""
     seen: set[int] = set()
+    has_default, has_pic = "default" in low, "pic" in low  # once a line, not once a name
     for t in TRIGGER.finditer(low):
         a, b = s + t.start(), s + t.end()
         while a > s and text[a - 1] in _NAME_CHARS:
@@ -1269,6 +1380,8 @@ def _named_secrets(text: str, s: int, e: int, low: str) -> Iterator[Hit]:
             if dashes > s and text[dashes - 1] in "\"'":
                 # ["redis-server", "--requirepass", "x"]: argv as a list, the value the next item
                 yield from _judge(kind, _value_at(ARGV_TAIL, text, b, e), name)
+                if has_default:  # add_argument("--db-password", default="x")
+                    yield from _judge(kind, _value_at(DEFAULT_ARG_TAIL, text, b, e), name)
             continue
         if name.lower() != "authorization":  # "Scheme credential": AUTH_SCHEME reads it
             in_query = before in ("?", "&")  # ?api_key=x&page=2: the value ends at "&"
@@ -1276,11 +1389,26 @@ def _named_secrets(text: str, s: int, e: int, low: str) -> Iterator[Hit]:
             yield from _judge(kind, _value_at(TYPED_TAIL, text, b, e), name)
             if YAML_BLOCK_TAIL.match(text, b, e):
                 yield from _judge(kind, _yaml_block(text, s, e), name)
+            elif (m := TRIPLE_HEAD.match(text, b, e)) or SEP_AT_END.match(text, b, e):
+                yield from _judge(kind, _next_line_value(text, s, e, m), name)
+                if m is None:
+                    for val in _list_items(text, s, e, None):
+                        yield from _judge(kind, val, name)
+            elif m := LIST_FLOW.match(text, b, e):
+                for val in _list_items(text, s, e, m):
+                    yield from _judge(kind, val, name)
+        if _INDENT.match(text, s, a).end() == a and (m := NAME_SPACE_VALUE.match(text, b, e)):
+            # ``bindpw x``: the name first on its line (no copy of a long line), then one value
+            val = _value(m)
+            if val and (kind == "key" or not val[0].isalnum() or _generated(val[0])):
+                yield from _judge(kind, val, name)
         if a - s <= 24 and ENV_SPACE_HEAD.fullmatch(text, s, a):
             yield from _judge(kind, _value_at(ENV_SPACE_TAIL, text, b, e), name)
         yield from _judge(kind, _value_at(SETTER_TAIL, text, b, e), name)
         if before in "\"'":
             yield from _judge(kind, _value_at(PAIR_TAIL, text, b, e), name)
+            if has_default:
+                yield from _judge(kind, _value_at(DEFAULT_ARG_TAIL, text, b, e), name)
             if KEYVALUE_HEAD.search(text, max(s, a - 12), a):
                 yield from _judge(kind, _value_at(KEYVALUE_TAIL, text, b, e), name)
                 yield from _judge(kind, _value_at(NAMED_ELEMENT_TAIL, text, b, e), name)
@@ -1298,8 +1426,67 @@ def _named_secrets(text: str, s: int, e: int, low: str) -> Iterator[Hit]:
             yield from _judge(kind, _value_at(DSL_TAIL, text, b, e), name)
         if before == "{" or (before == ":" and text[a - 2 : a - 1] == "{"):
             yield from _judge(kind, _value_at(TUPLE_TAIL, text, b, e), name)
+        if has_pic:
+            yield from _judge(kind, _value_at(COBOL_VALUE, text, b, e), name)
         if RECORD_NAME_HEAD.search(text, max(s, a - 24), a):
             yield from _judge(kind, _record_value(text, b), name)
+
+
+def _next_line_value(
+    text: str, s: int, e: int, triple: re.Match[str] | None
+) -> tuple[str, int, int, bool] | None:
+    """The value of a name whose line ``text[s:e]`` ends at its separator or opens a triple
+    quote: the triple-quoted token (on this line or the next), else the next line's single
+    token when that line is indented deeper than this one."""
+    if triple is not None:
+        tq = triple.group("tq")
+        close = text.find(tq, triple.end(), triple.end() + 1100)
+        if close < 0:
+            return None
+        raw = text[triple.end() : close]
+        v = raw.strip()
+        if not v or any(c.isspace() for c in v):
+            return None
+        start = triple.end() + raw.index(v)
+        return v, start, start + len(v), True
+    if e >= len(text):
+        return None
+    nl = text.find("\n", e + 1)
+    ne = len(text) if nl < 0 else nl
+    indent = len(text[s:e]) - len(text[s:e].lstrip(" \t-"))
+    nxt = text[e + 1 : ne]
+    if len(nxt) - len(nxt.lstrip(" \t")) <= indent:
+        return None
+    m = CONTINUATION.match(text, e + 1, ne)
+    return _value(m) if m else None
+
+
+def _list_items(
+    text: str, s: int, e: int, flow: re.Match[str] | None
+) -> Iterator[tuple[str, int, int, bool]]:
+    """The items of a flow list (``[a, "b"]``) or of the block sequence below the line
+    ``text[s:e]`` (``- a`` lines indented at least as deep; stops at the first other line)."""
+    if flow is not None:
+        pos = flow.start("items")
+        for item in flow.group("items").split(","):
+            v = item.strip().strip("\"'")
+            if v and not any(c.isspace() for c in v):
+                at = text.index(v, pos)
+                yield v, at, at + len(v), True
+            pos += len(item) + 1
+        return
+    indent = len(text[s:e]) - len(text[s:e].lstrip(" \t"))
+    pos = e + 1
+    for _ in range(LIST_ITEMS_MAX):
+        if pos >= len(text):
+            return
+        nl = text.find("\n", pos)
+        le = len(text) if nl < 0 else nl
+        m = LIST_ITEM.fullmatch(text, pos, le)
+        if m is None or len(m.group(0)) - len(m.group(0).lstrip(" \t")) < indent:
+            return
+        yield m.group("bv"), m.start("bv"), m.end("bv"), bool(m.group("q"))
+        pos = le + 1
 
 
 def _record_value(text: str, pos: int) -> tuple[str, int, int, bool] | None:

@@ -56,17 +56,15 @@ import re
 import textwrap
 from pathlib import Path
 
+import license_scoring as scoring
 import pytest
 from identify.vendor.licenses import LICENSES
+from license_scoring import load_cases
 
 from data import license_text
-from data.config import LicenseConfig
-from data.license import LicenseStep
-from data.records import FileRecord
 
 SET = Path(__file__).with_name("license_stop44.jsonl")
 TEXTS = dict(LICENSES)
-KEEP = ("permissive", "no_license")
 
 
 def _paragraphs(text: str) -> list[str]:
@@ -127,55 +125,20 @@ def expand(text: str) -> str:
     return re.sub(r"@@([^@]+)@@", one, text)
 
 
-def _load() -> tuple[dict, list[dict]]:
-    lines = SET.read_text(encoding="utf-8").splitlines()
-    return json.loads(lines[0]), [json.loads(line) for line in lines[1:] if line.strip()]
+HEADER, CASES = load_cases(SET)
+correct = scoring.correct
 
 
-HEADER, CASES = _load()
-
-
-def outcome(case: dict) -> tuple[str, tuple[str, ...]]:
-    """(license type, ids) the license step gives the case's target file."""
-    files = {p: expand(t) for p, t in case["files"].items()}
-    recs = [FileRecord(repo="r", path=p, content=t, size=len(t)) for p, t in sorted(files.items())]
-    out = {r.path: r for r in LicenseStep(LicenseConfig()).run(iter(recs))}
-    rec = out[case["target"]]
-    return rec.license_type, tuple(rec.license_ids)
-
-
-def correct(case: dict, got: tuple[str, tuple[str, ...]]) -> bool:
-    kind, ids = got
-    want = case["expected"]
-    ok = kind not in KEEP if want == "excluded" else kind == want
-    return ok and (not case["first_id"] or (bool(ids) and ids[0] == case["first_id"]))
+def outcome(case: dict) -> scoring.Outcome:
+    return scoring.outcome(case, expand)
 
 
 def score(split: str) -> tuple[int, int, list[str]]:
-    hits, misses = 0, []
-    chosen = [c for c in CASES if c["split"] == split]
-    for c in chosen:
-        got = outcome(c)
-        if correct(c, got):
-            hits += 1
-        else:
-            misses.append(
-                f"{c['kind']} {c['target']}: want {c['expected']} {c['first_id']} got {got}"
-            )
-    return hits, len(chosen), misses
+    return scoring.score(CASES, split, expand)
 
 
 def permissive_pr(split: str) -> tuple[float, float]:
-    tp = fp = fn = 0
-    for c in CASES:
-        if c["split"] != split:
-            continue
-        got = outcome(c)[0] == "permissive"
-        gold = c["expected"] == "permissive"
-        tp += got and gold
-        fp += got and not gold
-        fn += gold and not got
-    return (tp / (tp + fp) if tp + fp else 1.0, tp / (tp + fn) if tp + fn else 1.0)
+    return scoring.permissive_pr(CASES, split, expand)
 
 
 FLOORS = {"tune": 56, "heldout": 52}  # measured (see the docstring)
@@ -185,12 +148,8 @@ RECORDED = Path(__file__).with_name("license_stop44_askalono.json")
 @pytest.fixture(scope="module", autouse=True)
 def _askalono_answers():
     """askalono's recorded answers in the step's cache (restored afterwards)."""
-    saved = dict(license_text._MATCHES)
-    for key, (name, score) in json.loads(RECORDED.read_text()).items():
-        license_text._MATCHES[key] = (name, score)
-    yield
-    license_text._MATCHES.clear()
-    license_text._MATCHES.update(saved)
+    with scoring.recorded_askalono(RECORDED):
+        yield
 
 
 @pytest.fixture(scope="module")

@@ -22,12 +22,6 @@ KEEP = ("permissive", "no_license")  # what a build keeps; "excluded" is anythin
 Outcome = tuple[str, tuple[str, ...]]
 
 
-def load_cases(path: Path) -> tuple[dict, list[dict]]:
-    """The set's header and its cases."""
-    lines = path.read_text(encoding="utf-8").splitlines()
-    return json.loads(lines[0]), [json.loads(line) for line in lines[1:] if line.strip()]
-
-
 def outcome(case: dict, expand: Callable[[str], str]) -> Outcome:
     """(license type, ids) the license step gives the case's target file."""
     files = {p: expand(t) for p, t in case["files"].items()}

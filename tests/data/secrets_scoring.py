@@ -8,19 +8,11 @@ finding; precision counts the findings that overlap a labelled value.
 
 from __future__ import annotations
 
-import json
 import re
-from pathlib import Path
 
 from data.pii import PIIDetector
 
 DETECTOR = PIIDetector()
-
-
-def load_cases(path: Path) -> tuple[dict, list[dict]]:
-    """The set's header and its cases."""
-    lines = path.read_text().splitlines()
-    return json.loads(lines[0]), [json.loads(line) for line in lines[1:] if line.strip()]
 
 
 def secret_findings(text: str, path: str) -> list:

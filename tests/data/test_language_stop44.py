@@ -34,36 +34,22 @@ figures above use the corrected label).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from labelled_sets import language_score, load_cases
 
 from data.language import detect_language
 
 SET = Path(__file__).with_name("language_stop44.jsonl")
 
 
-def _cases() -> tuple[dict, list[dict]]:
-    lines = SET.read_text(encoding="utf-8").splitlines()
-    return json.loads(lines[0]), [json.loads(line) for line in lines[1:] if line.strip()]
-
-
-HEADER, CASES = _cases()
+HEADER, CASES = load_cases(SET)
 
 
 def score(split: str) -> tuple[int, int, list[str]]:
-    """(correct, total, errors) on one split."""
-    ok, n, errors = 0, 0, []
-    for c in (c for c in CASES if c["split"] == split):
-        got = detect_language(c["path"], c["text"])[0]
-        n += 1
-        if got == c["language"]:
-            ok += 1
-        else:
-            errors.append(f"{c['kind']} {c['path']}: expected {c['language']!r}, got {got!r}")
-    return ok, n, errors
+    return language_score(CASES, split)
 
 
 def test_split_is_by_kind() -> None:

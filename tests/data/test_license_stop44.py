@@ -59,7 +59,7 @@ from pathlib import Path
 import license_scoring as scoring
 import pytest
 from identify.vendor.licenses import LICENSES
-from license_scoring import load_cases
+from labelled_sets import load_cases
 
 from data import license_text
 

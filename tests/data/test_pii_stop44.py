@@ -35,61 +35,20 @@ dict key with no OID word on its line).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
-
-from data.pii import PIIDetector
+from labelled_sets import DETECTOR, load_cases, pii_score
+from labelled_sets import PII_SCORED as SCORED
 
 SET = Path(__file__).with_name("pii_stop44.jsonl")
-SCORED = ("email", "ip", "name", "credit_card")
 
 
-def _cases() -> tuple[dict, list[dict]]:
-    lines = SET.read_text(encoding="utf-8").splitlines()
-    return json.loads(lines[0]), [json.loads(line) for line in lines[1:] if line.strip()]
-
-
-HEADER, CASES = _cases()
-DETECTOR = PIIDetector()
-
-
-def _spans(text: str, value: str) -> list[tuple[int, int]]:
-    out, i = [], text.find(value)
-    while i >= 0:
-        out.append((i, i + len(value)))
-        i = text.find(value, i + 1)
-    return out
+HEADER, CASES = load_cases(SET)
 
 
 def score(split: str) -> dict:
-    """Recall: labelled values whose every occurrence lies inside a finding of their type;
-    precision: scored findings that overlap a labelled value (``unscored`` types aside)."""
-    r = {"labels": 0, "tp": 0, "findings": 0, "fp": 0, "errors": []}
-    for c in (c for c in CASES if c["split"] == split):
-        found = [
-            f
-            for f in DETECTOR.find(c["text"], c["path"])
-            if f.kind in SCORED and f.kind not in c.get("unscored", ())
-        ]
-        labelled = []
-        for kind, value in c["pii"]:
-            spans = _spans(c["text"], value)
-            labelled += spans
-            r["labels"] += 1
-            if all(
-                any(f.kind == kind and f.start <= a and b <= f.end for f in found) for a, b in spans
-            ):
-                r["tp"] += 1
-            else:
-                r["errors"].append(("missed", c["kind"], kind, value))
-        for f in found:
-            r["findings"] += 1
-            if not any(f.start < b and a < f.end for a, b in labelled):
-                r["fp"] += 1
-                r["errors"].append(("false positive", c["kind"], f.kind, f.value))
-    return r
+    return pii_score(CASES, split)
 
 
 def test_split_is_by_kind_and_recorded() -> None:

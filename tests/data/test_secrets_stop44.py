@@ -49,8 +49,9 @@ import random
 from pathlib import Path
 
 import pytest
-from secrets_scoring import load_cases, secret_findings
+from labelled_sets import load_cases
 from secrets_scoring import score as score_split
+from secrets_scoring import secret_findings
 
 SET = Path(__file__).with_name("secrets_stop44.jsonl")
 HEADER, CASES = load_cases(SET)
